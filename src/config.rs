@@ -1,0 +1,475 @@
+//! Command line, environment and config file, validated once into an immutable [`RunConfig`].
+//!
+//! Every `run` option is a flag, an `ETCD_WARDEN_<OPTION>` variable and a key of the optional TOML
+//! file (`--config`), in that order of precedence. Validation happens before anything is started or
+//! created: a bad value stops the warden with one line that names the input and the fix (exit 64).
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::etcd::{ClientConfig, EtcdArgs, TlsOverrides};
+use crate::store::StoreUrl;
+use crate::supervisor::{Launch, Policy};
+use crate::telemetry::LogFormat;
+
+pub const DEFAULT_LISTEN: &str = "0.0.0.0:2378";
+pub const DEFAULT_PROBE_URL: &str = "http://127.0.0.1:2378/readyz";
+
+const SIGNALS_HELP: &str = "\
+Signals to the warden:
+  SIGTERM, SIGINT   graceful stop: not ready, SIGTERM to etcd, wait --stop-timeout, SIGKILL; exit with
+                    etcd's status. A second one SIGKILLs etcd at once.
+  SIGUSR1           full snapshot now
+  SIGUSR2           flush a delta snapshot now
+  SIGHUP            re-read the config file and credentials, re-check ownership
+  others            forwarded to etcd (SIGQUIT makes etcd dump its goroutines)";
+
+#[derive(Debug, Parser)]
+#[command(name = "etcd-warden", version, about = "Runs etcd: supervises, backs up, restores, fences, reports readiness.", after_help = SIGNALS_HELP)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run etcd as the warden's child: `etcd-warden run [OPTIONS] -- etcd [ETCD_ARGS...]`.
+    #[command(after_help = SIGNALS_HELP)]
+    Run(Box<RunArgs>),
+    /// Exit 0 when the warden's /readyz answers 200 (for exec probes and HEALTHCHECK).
+    Probe(ProbeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// TOML file with the same keys as the long options (e.g. `stop-timeout = "30s"`).
+    #[arg(long, env = "ETCD_WARDEN_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub options: RunOptions,
+    /// The etcd command line, exactly as you would run it without the warden.
+    #[arg(last = true, value_name = "ETCD_BINARY [ETCD_ARGS]")]
+    pub etcd: Vec<OsString>,
+}
+
+/// Options of `run`. Also the schema of the `--config` file.
+#[derive(Debug, Default, Args, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RunOptions {
+    /// Where backups go: file:///dir, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix
+    /// [default: file://<data-dir>.backups]
+    #[arg(long, env = "ETCD_WARDEN_STORE", value_name = "URL")]
+    pub store: Option<String>,
+    /// HTTP address for /readyz, /livez, /status, /metrics [default: 0.0.0.0:2378]
+    #[arg(long, env = "ETCD_WARDEN_LISTEN", value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Grace between SIGTERM and SIGKILL when stopping etcd [default: 30s]
+    #[arg(long, env = "ETCD_WARDEN_STOP_TIMEOUT", value_name = "DURATION")]
+    pub stop_timeout: Option<String>,
+    /// First delay before restarting an etcd that died [default: 1s]
+    #[arg(long, env = "ETCD_WARDEN_RESTART_BACKOFF_MIN", value_name = "DURATION")]
+    pub restart_backoff_min: Option<String>,
+    /// Longest delay between restarts [default: 60s]
+    #[arg(long, env = "ETCD_WARDEN_RESTART_BACKOFF_MAX", value_name = "DURATION")]
+    pub restart_backoff_max: Option<String>,
+    /// An etcd that ran this long before dying restarts from the shortest delay [default: 5m]
+    #[arg(long, env = "ETCD_WARDEN_RESTART_RESET_AFTER", value_name = "DURATION")]
+    pub restart_reset_after: Option<String>,
+    /// How often etcd's health is checked once it is healthy [default: 2s]
+    #[arg(long, env = "ETCD_WARDEN_HEALTH_INTERVAL", value_name = "DURATION")]
+    pub health_interval: Option<String>,
+    /// Deadline for one health check [default: 3s]
+    #[arg(long, env = "ETCD_WARDEN_HEALTH_TIMEOUT", value_name = "DURATION")]
+    pub health_timeout: Option<String>,
+    /// Log format on stderr [default: text]
+    #[arg(long, env = "ETCD_WARDEN_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
+    /// CA for the warden's etcd client [default: etcd's --trusted-ca-file]
+    #[arg(long, env = "ETCD_WARDEN_ETCD_CA", value_name = "FILE")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate for the warden's etcd client [default: etcd's --cert-file when --client-cert-auth]
+    #[arg(long, env = "ETCD_WARDEN_ETCD_CERT", value_name = "FILE")]
+    pub etcd_cert: Option<PathBuf>,
+    /// Client key for the warden's etcd client [default: etcd's --key-file when --client-cert-auth]
+    #[arg(long, env = "ETCD_WARDEN_ETCD_KEY", value_name = "FILE")]
+    pub etcd_key: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// The warden's readiness URL.
+    #[arg(long, env = "ETCD_WARDEN_PROBE_URL", default_value = DEFAULT_PROBE_URL)]
+    pub url: String,
+    /// Give up after this long.
+    #[arg(long, default_value = "2s", value_parser = parse_duration_arg)]
+    pub timeout: Duration,
+}
+
+fn parse_duration_arg(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (write a duration such as 2s or 500ms)"))
+}
+
+/// Everything `run` needs, validated.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub launch: Launch,
+    pub etcd: EtcdArgs,
+    pub client: ClientConfig,
+    pub store: StoreUrl,
+    pub listen: SocketAddr,
+    pub policy: Policy,
+    pub health_interval: Duration,
+    pub log_format: LogFormat,
+    pub config_file: Option<PathBuf>,
+}
+
+/// Bad usage or configuration: exit 64.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("missing the etcd command line (write: etcd-warden run [OPTIONS] -- etcd [ETCD_ARGS...])")]
+    MissingEtcd,
+    #[error("--config {path:?}: {reason} (fix the file or drop --config)")]
+    ConfigFile { path: PathBuf, reason: String },
+    #[error("--{option} {value:?}: {reason} (write a duration such as 30s, 2m or 1h30m)")]
+    Duration {
+        option: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("--{option}: {reason}")]
+    Invalid { option: &'static str, reason: String },
+    #[error("--store {0}")]
+    Store(#[from] crate::store::StoreUrlError),
+    #[error("--listen {value:?}: not an address (write HOST:PORT, e.g. 0.0.0.0:2378)")]
+    Listen { value: String },
+    #[error("etcd command {program:?}: {reason}")]
+    EtcdBinary { program: String, reason: String },
+    #[error("{0}")]
+    EtcdArgs(#[from] crate::etcd::args::ArgsError),
+    #[error("etcd --data-dir {path:?}: {reason}")]
+    DataDir { path: PathBuf, reason: String },
+    #[error("TLS file {path:?} (from {source_name}): {reason}")]
+    TlsFile {
+        path: PathBuf,
+        source_name: String,
+        reason: String,
+    },
+}
+
+impl RunOptions {
+    /// Flags and env win over the file.
+    fn or(self, file: RunOptions) -> RunOptions {
+        RunOptions {
+            store: self.store.or(file.store),
+            listen: self.listen.or(file.listen),
+            stop_timeout: self.stop_timeout.or(file.stop_timeout),
+            restart_backoff_min: self.restart_backoff_min.or(file.restart_backoff_min),
+            restart_backoff_max: self.restart_backoff_max.or(file.restart_backoff_max),
+            restart_reset_after: self.restart_reset_after.or(file.restart_reset_after),
+            health_interval: self.health_interval.or(file.health_interval),
+            health_timeout: self.health_timeout.or(file.health_timeout),
+            log_format: self.log_format.or(file.log_format),
+            etcd_ca: self.etcd_ca.or(file.etcd_ca),
+            etcd_cert: self.etcd_cert.or(file.etcd_cert),
+            etcd_key: self.etcd_key.or(file.etcd_key),
+        }
+    }
+}
+
+/// Reads the TOML file named by `--config`.
+pub fn load_file(path: &Path) -> Result<RunOptions, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::ConfigFile {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::ConfigFile {
+        path: path.to_owned(),
+        reason: e.message().to_owned(),
+    })
+}
+
+fn duration(option: &'static str, value: Option<&str>, default: &str) -> Result<Duration, ConfigError> {
+    let v = value.unwrap_or(default);
+    humantime::parse_duration(v).map_err(|e| ConfigError::Duration {
+        option,
+        value: v.to_owned(),
+        reason: e.to_string(),
+    })
+}
+
+impl RunConfig {
+    /// Validates `run`'s arguments against the environment and the filesystem, touching nothing.
+    pub fn from_args(args: RunArgs, env: &HashMap<String, String>) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => load_file(path)?,
+            None => RunOptions::default(),
+        };
+        let o = args.options.or(file);
+
+        let (program, etcd_argv) = args.etcd.split_first().ok_or(ConfigError::MissingEtcd)?;
+        let program = resolve_program(program, env.get("PATH").map(String::as_str))?;
+        let etcd_argv_str: Vec<String> = etcd_argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let etcd = EtcdArgs::parse(&etcd_argv_str, env)?;
+
+        let stop_timeout = duration("stop-timeout", o.stop_timeout.as_deref(), "30s")?;
+        let backoff_min = duration("restart-backoff-min", o.restart_backoff_min.as_deref(), "1s")?;
+        let backoff_max = duration("restart-backoff-max", o.restart_backoff_max.as_deref(), "60s")?;
+        let reset_after = duration("restart-reset-after", o.restart_reset_after.as_deref(), "5m")?;
+        let health_interval = duration("health-interval", o.health_interval.as_deref(), "2s")?;
+        let health_timeout = duration("health-timeout", o.health_timeout.as_deref(), "3s")?;
+        if backoff_min.is_zero() || backoff_max < backoff_min {
+            return Err(ConfigError::Invalid {
+                option: "restart-backoff-max",
+                reason: format!(
+                    "{} must be at least --restart-backoff-min {} and that above zero",
+                    humantime::format_duration(backoff_max),
+                    humantime::format_duration(backoff_min)
+                ),
+            });
+        }
+        if health_interval.is_zero() || health_timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                option: "health-interval",
+                reason: "--health-interval and --health-timeout must be above zero".to_owned(),
+            });
+        }
+
+        let listen_s = o.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+        let listen: SocketAddr = listen_s.parse().map_err(|_| ConfigError::Listen {
+            value: listen_s.to_owned(),
+        })?;
+
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+        let data_dir_abs = cwd.join(&etcd.data_dir);
+        check_data_dir(&data_dir_abs)?;
+
+        let store = match &o.store {
+            Some(s) => s.parse()?,
+            None => {
+                let mut p = data_dir_abs.clone().into_os_string();
+                p.push(".backups");
+                StoreUrl::File {
+                    path: PathBuf::from(p),
+                }
+            }
+        };
+
+        let overrides = TlsOverrides {
+            ca: o.etcd_ca,
+            cert: o.etcd_cert,
+            key: o.etcd_key,
+        };
+        if overrides.cert.is_some() != overrides.key.is_some() {
+            return Err(ConfigError::Invalid {
+                option: "etcd-cert",
+                reason: "--etcd-cert and --etcd-key go together (give both or neither)".to_owned(),
+            });
+        }
+        let client = ClientConfig::from_args(&etcd, &overrides, health_timeout);
+        if client.endpoints.is_empty() {
+            return Err(ConfigError::Invalid {
+                option: "listen-client-urls",
+                reason: "etcd has no http(s) client URL the warden can connect to (add one, e.g. http://127.0.0.1:2379)"
+                    .to_owned(),
+            });
+        }
+        if let Some(tls) = &client.tls {
+            let named = |p: &PathBuf, from_override: bool, flag: &str| {
+                (
+                    p.clone(),
+                    if from_override {
+                        format!("--etcd-{flag}")
+                    } else {
+                        format!("etcd's --{flag}-file")
+                    },
+                )
+            };
+            let mut files = Vec::new();
+            if let Some(ca) = &tls.ca {
+                files.push(named(ca, overrides.ca.is_some(), "ca"));
+            }
+            if let Some((c, k)) = &tls.identity {
+                files.push(named(c, overrides.cert.is_some(), "cert"));
+                files.push(named(k, overrides.key.is_some(), "key"));
+            }
+            for (path, source_name) in files {
+                if let Err(e) = std::fs::File::open(&path) {
+                    return Err(ConfigError::TlsFile {
+                        path,
+                        source_name,
+                        reason: format!("{e} (fix the path or the file's permissions)"),
+                    });
+                }
+            }
+        }
+
+        Ok(Self {
+            launch: Launch {
+                program,
+                args: etcd_argv.to_vec(),
+            },
+            etcd,
+            client,
+            store,
+            listen,
+            policy: Policy {
+                backoff_min,
+                backoff_max,
+                reset_after,
+                stop_timeout,
+            },
+            health_interval,
+            log_format: o.log_format.unwrap_or(LogFormat::Text),
+            config_file: args.config,
+        })
+    }
+}
+
+fn check_data_dir(path: &Path) -> Result<(), ConfigError> {
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_dir() => Err(ConfigError::DataDir {
+            path: path.to_owned(),
+            reason: "exists and is not a directory (point --data-dir at a directory; the warden leaves this file alone)"
+                .to_owned(),
+        }),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(ConfigError::DataDir {
+            path: path.to_owned(),
+            reason: format!("{e} (check the path and its permissions)"),
+        }),
+    }
+}
+
+/// Finds the etcd binary the way a shell would, and checks it can be executed.
+fn resolve_program(program: &OsString, path_var: Option<&str>) -> Result<PathBuf, ConfigError> {
+    let name = program.to_string_lossy().into_owned();
+    let is_exec = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if name.contains('/') {
+        let p = PathBuf::from(program);
+        return match std::fs::metadata(&p) {
+            Err(e) => Err(ConfigError::EtcdBinary {
+                program: name,
+                reason: format!("{e} (install etcd or give the right path after --)"),
+            }),
+            Ok(_) if !is_exec(&p) => Err(ConfigError::EtcdBinary {
+                program: name,
+                reason: "not an executable file (chmod +x it or give the right path after --)".to_owned(),
+            }),
+            Ok(_) => Ok(p),
+        };
+    }
+    for dir in path_var.unwrap_or("/usr/local/bin:/usr/bin:/bin").split(':') {
+        let candidate = Path::new(if dir.is_empty() { "." } else { dir }).join(&name);
+        if is_exec(&candidate) {
+            return Ok(candidate);
+        }
+    }
+    Err(ConfigError::EtcdBinary {
+        program: name,
+        reason: "not found in PATH (install etcd or give its full path after --)".to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(argv: &[&str]) -> Result<RunConfig, ConfigError> {
+        let cli = Cli::try_parse_from(argv).expect("clap accepts");
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        let env: HashMap<String, String> = [("PATH".to_owned(), "/usr/bin:/bin".to_owned())].into();
+        RunConfig::from_args(*args, &env)
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse(&["w", "run", "--", "/bin/sh", "--data-dir", "/tmp/x.etcd"]).unwrap();
+        assert_eq!(c.listen, "0.0.0.0:2378".parse().unwrap());
+        assert_eq!(
+            c.store,
+            StoreUrl::File {
+                path: "/tmp/x.etcd.backups".into()
+            }
+        );
+        assert_eq!(c.policy.stop_timeout, Duration::from_secs(30));
+        assert_eq!(c.launch.program, PathBuf::from("/bin/sh"));
+        assert_eq!(
+            c.launch.args,
+            vec![OsString::from("--data-dir"), OsString::from("/tmp/x.etcd")]
+        );
+        assert_eq!(c.client.endpoints, vec!["http://localhost:2379"]);
+    }
+
+    #[test]
+    fn bad_inputs_name_input_and_fix() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["w", "run"], "missing the etcd command line"),
+            (
+                &["w", "run", "--stop-timeout", "10x", "--", "sh"],
+                "--stop-timeout \"10x\"",
+            ),
+            (
+                &["w", "run", "--store", "s4://x", "--", "sh"],
+                "unknown scheme \"s4\" (use file, s3, gs or az)",
+            ),
+            (
+                &["w", "run", "--listen", "nope", "--", "sh"],
+                "--listen \"nope\": not an address",
+            ),
+            (
+                &["w", "run", "--", "/no/such/etcd"],
+                "etcd command \"/no/such/etcd\"",
+            ),
+            (&["w", "run", "--", "no-such-etcd-binary"], "not found in PATH"),
+            (
+                &["w", "run", "--", "sh", "--data-dir", "/etc/hostname"],
+                "is not a directory",
+            ),
+            (&["w", "run", "--etcd-cert", "/x", "--", "sh"], "go together"),
+            (
+                &["w", "run", "--config", "/no/such.toml", "--", "sh"],
+                "--config \"/no/such.toml\"",
+            ),
+        ];
+        for (argv, want) in cases {
+            let err = parse(argv).unwrap_err().to_string();
+            assert!(err.contains(want), "{argv:?}: {err:?} does not contain {want:?}");
+            assert!(!err.contains('\n'), "not one line: {err:?}");
+        }
+    }
+
+    #[test]
+    fn config_file_keys_and_precedence() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("w.toml");
+        std::fs::write(&f, "stop-timeout = \"5s\"\nlisten = \"127.0.0.1:9999\"\n").unwrap();
+        let fs = f.to_str().unwrap();
+        let c = parse(&["w", "run", "--config", fs, "--listen", "127.0.0.1:1", "--", "sh"]).unwrap();
+        assert_eq!(c.policy.stop_timeout, Duration::from_secs(5), "file value used");
+        assert_eq!(c.listen, "127.0.0.1:1".parse().unwrap(), "flag beats file");
+
+        std::fs::write(&f, "stop-timeot = \"5s\"\n").unwrap();
+        let err = parse(&["w", "run", "--config", fs, "--", "sh"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `stop-timeot`"), "{err}");
+    }
+}

@@ -1,0 +1,152 @@
+//! The warden's own etcd client, connecting the way any other client of this etcd would: the listen
+//! URLs it was given, TLS with its CA, and a client certificate when `--client-cert-auth` asks for one.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use thiserror::Error;
+
+use super::args::EtcdArgs;
+
+/// TLS files for the warden's client; `None` fields fall back to what etcd's own flags name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsOverrides {
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub ca: Option<PathBuf>,
+    pub identity: Option<(PathBuf, PathBuf)>,
+}
+
+/// Where and how to connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientConfig {
+    pub endpoints: Vec<String>,
+    pub tls: Option<TlsFiles>,
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    #[error("read TLS file {path}")]
+    ReadTls {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("connect to etcd at {endpoints}")]
+    Connect {
+        endpoints: String,
+        #[source]
+        source: etcd_client::Error,
+    },
+}
+
+impl ClientConfig {
+    /// The client an operator would configure by reading etcd's command line.
+    pub fn from_args(args: &EtcdArgs, overrides: &TlsOverrides, timeout: Duration) -> Self {
+        let tls = args.uses_tls().then(|| {
+            // etcd checks client certificates against --trusted-ca-file, which is usually also the
+            // CA that signed its server certificate.
+            let ca = overrides.ca.clone().or_else(|| args.trusted_ca_file.clone());
+            let identity = match (&overrides.cert, &overrides.key) {
+                (Some(c), Some(k)) => Some((c.clone(), k.clone())),
+                _ if args.client_cert_auth => args.cert_file.clone().zip(args.key_file.clone()),
+                _ => None,
+            };
+            TlsFiles { ca, identity }
+        });
+        Self {
+            endpoints: args.client_endpoints(),
+            tls,
+            timeout,
+        }
+    }
+
+    /// Connects, reading the TLS files afresh (rotated certificates are picked up on reconnect).
+    pub async fn connect(&self) -> Result<Client, ClientError> {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(self.timeout)
+            .with_timeout(self.timeout)
+            .with_keep_alive(Duration::from_secs(10), self.timeout);
+        if let Some(tls) = &self.tls {
+            let mut t = TlsOptions::new();
+            if let Some(ca) = &tls.ca {
+                t = t.ca_certificate(Certificate::from_pem(read(ca)?));
+            }
+            if let Some((cert, key)) = &tls.identity {
+                t = t.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            options = options.with_tls(t);
+        }
+        Client::connect(&self.endpoints, Some(options))
+            .await
+            .map_err(|source| ClientError::Connect {
+                endpoints: self.endpoints.join(","),
+                source,
+            })
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, ClientError> {
+    std::fs::read(path).map_err(|source| ClientError::ReadTls {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    #[test]
+    fn tls_follows_etcds_flags() {
+        let args = EtcdArgs::parse(
+            &[
+                "--listen-client-urls=https://0.0.0.0:2379",
+                "--cert-file=/s.crt",
+                "--key-file=/s.key",
+                "--trusted-ca-file=/ca.crt",
+                "--client-cert-auth",
+            ],
+            &HashMap::new(),
+        )
+        .unwrap();
+        let c = ClientConfig::from_args(&args, &TlsOverrides::default(), Duration::from_secs(1));
+        assert_eq!(c.endpoints, vec!["https://127.0.0.1:2379"]);
+        let tls = c.tls.unwrap();
+        assert_eq!(tls.ca, Some(PathBuf::from("/ca.crt")));
+        assert_eq!(
+            tls.identity,
+            Some((PathBuf::from("/s.crt"), PathBuf::from("/s.key")))
+        );
+
+        let o = TlsOverrides {
+            ca: Some("/o-ca".into()),
+            cert: Some("/o.crt".into()),
+            key: Some("/o.key".into()),
+        };
+        let tls = ClientConfig::from_args(&args, &o, Duration::from_secs(1))
+            .tls
+            .unwrap();
+        assert_eq!(tls.ca, Some(PathBuf::from("/o-ca")));
+        assert_eq!(
+            tls.identity,
+            Some((PathBuf::from("/o.crt"), PathBuf::from("/o.key")))
+        );
+    }
+
+    #[test]
+    fn plain_http_has_no_tls() {
+        let args = EtcdArgs::parse(&["--listen-client-urls=http://127.0.0.1:2379"], &HashMap::new()).unwrap();
+        let c = ClientConfig::from_args(&args, &TlsOverrides::default(), Duration::from_secs(1));
+        assert!(c.tls.is_none());
+    }
+}

@@ -1,0 +1,151 @@
+//! The health loop: is etcd able to serve? A linearizable read (needs a leader and a quorum), the
+//! member's status (leader, errors, db size, revision) and the alarm list (NOSPACE, CORRUPT).
+//!
+//! Results go to a watch channel stamped with the incarnation of the etcd they were taken from, so a
+//! result about a process that has since died never counts. While the current incarnation has not
+//! yet been seen healthy the loop polls fast, so readiness follows a (re)start closely.
+
+use std::time::{Duration, SystemTime};
+
+use etcd_client::{AlarmAction, AlarmType, Client};
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::client::ClientConfig;
+use crate::supervisor::{ChildState, Phase};
+use crate::telemetry::Heartbeat;
+
+/// The latest health result.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Health {
+    /// The etcd incarnation this result is about (0: none yet).
+    pub incarnation: u64,
+    pub healthy: bool,
+    /// Why not healthy.
+    pub reason: Option<String>,
+    pub revision: Option<i64>,
+    pub db_size: Option<i64>,
+    pub leader: Option<u64>,
+    #[serde(with = "crate::telemetry::opt_unix_seconds")]
+    pub checked_at: Option<SystemTime>,
+}
+
+const FAST_POLL: Duration = Duration::from_millis(200);
+
+/// Runs until cancelled.
+pub async fn run(
+    config: ClientConfig,
+    interval: Duration,
+    mut child: watch::Receiver<ChildState>,
+    health: watch::Sender<Health>,
+    heartbeat: Heartbeat,
+    cancel: CancellationToken,
+) {
+    let mut client: Option<(u64, Client)> = None;
+    loop {
+        heartbeat.beat();
+        let state = child.borrow_and_update().clone();
+        let mut seen_healthy = false;
+        if state.phase == Phase::Running && state.pid.is_some() {
+            // A fresh client for each incarnation: no stale channel state from a dead process.
+            if client.as_ref().is_none_or(|(inc, _)| *inc != state.incarnation) {
+                client = match config.connect().await {
+                    Ok(c) => Some((state.incarnation, c)),
+                    Err(err) => {
+                        tracing::debug!(error = %err, "etcd client not connected yet");
+                        None
+                    }
+                };
+            }
+            let result = match client.as_mut() {
+                Some((_, c)) => check(c, config.timeout).await,
+                None => Err("etcd is not accepting client connections yet".to_owned()),
+            };
+            // Drop the result if etcd changed under us while we were asking.
+            if child.borrow().incarnation == state.incarnation {
+                let previous_ok = health.borrow().healthy && health.borrow().incarnation == state.incarnation;
+                let h = match result {
+                    Ok(mut h) => {
+                        h.incarnation = state.incarnation;
+                        h
+                    }
+                    Err(reason) => Health {
+                        incarnation: state.incarnation,
+                        reason: Some(reason),
+                        checked_at: Some(SystemTime::now()),
+                        ..Health::default()
+                    },
+                };
+                if previous_ok != h.healthy {
+                    match &h.reason {
+                        None => tracing::info!(revision = h.revision, "etcd is healthy"),
+                        Some(r) => tracing::warn!(reason = %r, "etcd is not healthy"),
+                    }
+                }
+                seen_healthy = h.healthy;
+                health.send_replace(h);
+            }
+        } else {
+            client = None;
+        }
+        let wait = if seen_healthy {
+            interval
+        } else {
+            FAST_POLL.min(interval)
+        };
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = child.changed() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+async fn check(client: &mut Client, timeout: Duration) -> Result<Health, String> {
+    let probe = async {
+        let status = client
+            .status()
+            .await
+            .map_err(|e| format!("status request failed: {e}"))?;
+        if status.leader() == 0 {
+            return Err("etcd has no leader".to_owned());
+        }
+        if let Some(err) = status.errors().first() {
+            return Err(format!("etcd reports an error: {err}"));
+        }
+        let alarms = client
+            .alarm(AlarmAction::Get, AlarmType::None, None)
+            .await
+            .map_err(|e| format!("alarm request failed: {e}"))?;
+        if let Some(alarm) = alarms.alarms().first() {
+            let name = match alarm.alarm() {
+                AlarmType::Nospace => "NOSPACE",
+                AlarmType::Corrupt => "CORRUPT",
+                AlarmType::None => "NONE",
+            };
+            return Err(format!("etcd alarm {name} is raised"));
+        }
+        // What etcd's own /health does: a linearizable read, which needs a leader and a quorum.
+        let read = client
+            .get("health", None)
+            .await
+            .map_err(|e| format!("linearizable read failed: {e}"))?;
+        Ok(Health {
+            incarnation: 0,
+            healthy: true,
+            reason: None,
+            revision: read.header().map(|h| h.revision()),
+            db_size: Some(status.db_size()),
+            leader: Some(status.leader()),
+            checked_at: Some(SystemTime::now()),
+        })
+    };
+    match tokio::time::timeout(timeout, probe).await {
+        Ok(r) => r,
+        Err(_) => Err(format!(
+            "health check timed out after {}",
+            humantime::format_duration(timeout)
+        )),
+    }
+}

@@ -1,0 +1,18 @@
+//! etcd-warden runs etcd for its operator: PID 1 (or subreaper) supervision, readiness, and — in the
+//! parts that follow — backups, restore and ownership fencing. See `run` for the task diagram and
+//! DESIGN.md (beside the project) for the contract.
+
+pub mod config;
+pub mod etcd;
+pub mod http;
+pub mod metrics;
+pub mod notify;
+pub mod pid1;
+pub mod probe;
+pub mod readiness;
+pub mod run;
+pub mod signals;
+pub mod state;
+pub mod store;
+pub mod supervisor;
+pub mod telemetry;

@@ -1,0 +1,131 @@
+//! Thin entry point: parse, validate, start logging, run, map the outcome to an exit code.
+
+use std::collections::HashMap;
+use std::process::exit;
+use std::time::Duration;
+
+use clap::Parser;
+use etcd_warden::config::{Cli, Command, ProbeArgs, RunArgs, RunConfig};
+use etcd_warden::{http, pid1, probe, run, signals, telemetry};
+
+/// Bad usage or configuration (sysexits EX_USAGE).
+const EX_USAGE: i32 = 64;
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => exit(clap_error(err)),
+    };
+    let code = match cli.command {
+        Command::Run(args) => run_command(*args),
+        Command::Probe(args) => probe_command(args),
+    };
+    exit(code);
+}
+
+/// Clap's error, squeezed to one line that keeps the tip (`--help` and `--version` exit 0).
+fn clap_error(err: clap::Error) -> i32 {
+    use clap::error::ErrorKind;
+    if matches!(
+        err.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = err.print();
+        return if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+            EX_USAGE
+        } else {
+            0
+        };
+    }
+    let rendered = err.render().to_string();
+    let mut parts: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("error:") || l.starts_with("tip:"))
+        .map(|l| l.trim_start_matches("error:").trim())
+        .collect();
+    if parts.is_empty() {
+        parts.push(rendered.trim());
+    }
+    eprintln!("etcd-warden: {} (see etcd-warden --help)", parts.join("; "));
+    EX_USAGE
+}
+
+fn run_command(args: RunArgs) -> i32 {
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let config = match RunConfig::from_args(args, &env) {
+        Ok(c) => c,
+        Err(err) => {
+            eprintln!("etcd-warden: {err}");
+            return EX_USAGE;
+        }
+    };
+    telemetry::init_logging(config.log_format);
+
+    let reaper = pid1::Reaper::new();
+    let role = match pid1::become_reaper() {
+        Ok(role) => role,
+        Err(err) => {
+            tracing::error!(error = %err, "failed to become the child subreaper");
+            return 1;
+        }
+    };
+    let signals = match signals::start(reaper.clone()) {
+        Ok(rx) => rx,
+        Err(err) => {
+            tracing::error!(error = %err, "failed to install signal handlers");
+            return 1;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("warden")
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            tracing::error!(error = %err, "failed to start the async runtime");
+            return 1;
+        }
+    };
+    let code = runtime.block_on(async {
+        let listener = match http::bind(config.listen).await {
+            Ok(l) => l,
+            Err(err) => {
+                eprintln!(
+                    "etcd-warden: --listen {}: {err} (pick a free address with --listen)",
+                    config.listen
+                );
+                return EX_USAGE;
+            }
+        };
+        run::run(config, reaper, role, signals, listener)
+            .await
+            .exit_code()
+    });
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    code
+}
+
+fn probe_command(args: ProbeArgs) -> i32 {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("etcd-warden: start runtime: {err}");
+            return 1;
+        }
+    };
+    match runtime.block_on(probe::probe(&args.url, args.timeout)) {
+        Ok(body) => {
+            println!("{body}");
+            0
+        }
+        Err(err) => {
+            eprintln!("etcd-warden: {err}");
+            err.exit_code()
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! The single owner of `waitpid(-1)`: PID 1 duty and the child-subreaper bit.
+//!
+//! As PID 1 of a container, or as a subreaper under systemd, every orphan that etcd (or anything it
+//! started) leaves behind becomes our child. Exactly one place may call `wait*`: a second caller would
+//! steal exit statuses, which is why nothing in the warden uses `Child::wait` or `tokio::process`.
+//! [`Reaper::reap`] drains `waitpid(-1, WNOHANG)` on every SIGCHLD (one signal can stand for many
+//! exits) and hands each status to whoever spawned that pid; the rest are orphans, reaped and counted.
+//!
+//! Spawning holds the registry lock, so the reaper cannot collect a child before it is registered
+//! (and cannot race the `waitpid` that std performs itself when `exec` fails).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use nix::errno::Errno;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use tokio::sync::oneshot;
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExitStatus {
+    /// Exited with this code.
+    Code(i32),
+    /// Killed by this signal number.
+    Signal(i32),
+}
+
+impl ExitStatus {
+    /// The status a shell would report: the code, or 128 + the signal number.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Self::Code(c) => c,
+            Self::Signal(s) => 128 + s,
+        }
+    }
+}
+
+impl fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Code(c) => write!(f, "exit code {c}"),
+            Self::Signal(s) => match nix::sys::signal::Signal::try_from(*s) {
+                Ok(sig) => write!(f, "signal {sig}"),
+                Err(_) => write!(f, "signal {s}"),
+            },
+        }
+    }
+}
+
+/// A child spawned through the reaper: its pid and, later, its exit status.
+#[derive(Debug)]
+pub struct Spawned {
+    pub pid: u32,
+    pub exit: oneshot::Receiver<ExitStatus>,
+}
+
+#[derive(Default)]
+struct Registry {
+    waiting: HashMap<i32, oneshot::Sender<ExitStatus>>,
+}
+
+/// Routes exit statuses from the one `waitpid(-1)` loop to the tasks that spawned the processes.
+#[derive(Clone, Default)]
+pub struct Reaper {
+    registry: Arc<Mutex<Registry>>,
+    orphans_reaped: Arc<AtomicU64>,
+}
+
+impl Reaper {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Spawns `cmd` and registers its pid before the reaper can see it exit.
+    pub fn spawn(&self, cmd: &mut Command) -> io::Result<Spawned> {
+        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let child = cmd.spawn()?;
+        let pid = child.id();
+        // Dropping a std Child neither waits nor kills; the reaper owns its status from here.
+        drop(child);
+        let (tx, rx) = oneshot::channel();
+        registry.waiting.insert(pid as i32, tx);
+        Ok(Spawned { pid, exit: rx })
+    }
+
+    /// Collects every exited child. Call on each SIGCHLD, and once at start.
+    pub fn reap(&self) {
+        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let (pid, status) = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => (pid, ExitStatus::Code(code)),
+                Ok(WaitStatus::Signaled(pid, sig, _core)) => (pid, ExitStatus::Signal(sig as i32)),
+                Ok(WaitStatus::StillAlive) => return,
+                Ok(_) => continue, // stopped/continued: not an exit
+                Err(Errno::EINTR) => continue,
+                Err(Errno::ECHILD) => return,
+                Err(err) => {
+                    tracing::warn!(error = %err, "waitpid failed");
+                    return;
+                }
+            };
+            match registry.waiting.remove(&pid.as_raw()) {
+                Some(tx) => {
+                    tracing::debug!(pid = pid.as_raw(), %status, "child exited");
+                    // The spawner may have stopped caring; that is fine.
+                    let _ = tx.send(status);
+                }
+                None => {
+                    self.orphans_reaped.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(pid = pid.as_raw(), %status, "reaped orphan");
+                }
+            }
+        }
+    }
+
+    /// How many processes that nobody registered have been reaped.
+    pub fn orphans_reaped(&self) -> u64 {
+        self.orphans_reaped.load(Ordering::Relaxed)
+    }
+}
+
+/// What the warden is in its process tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InitRole {
+    /// PID 1 of its PID namespace: orphans come to us by definition.
+    Pid1,
+    /// Not PID 1: the child-subreaper bit makes orphans of our descendants come to us.
+    Subreaper,
+}
+
+/// Makes sure orphans below us are ours to reap.
+pub fn become_reaper() -> io::Result<InitRole> {
+    if nix::unistd::getpid().as_raw() == 1 {
+        return Ok(InitRole::Pid1);
+    }
+    nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)?;
+    Ok(InitRole::Subreaper)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_like_a_shell() {
+        assert_eq!(ExitStatus::Code(3).exit_code(), 3);
+        assert_eq!(ExitStatus::Signal(9).exit_code(), 137);
+        assert_eq!(ExitStatus::Signal(15).to_string(), "signal SIGTERM");
+        assert_eq!(ExitStatus::Code(0).to_string(), "exit code 0");
+    }
+}

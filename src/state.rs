@@ -1,0 +1,102 @@
+//! The read side of the warden: watch receivers and counters that `/status`, `/metrics`, `/readyz`
+//! and the systemd notifier all read. Nothing here is written through a lock across an await.
+
+use std::time::SystemTime;
+
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::etcd::Health;
+use crate::pid1::{InitRole, Reaper};
+use crate::supervisor::{ChildState, Phase};
+use crate::telemetry::{Heartbeat, opt_unix_seconds::to_unix};
+
+/// Shared, read-only view of the running warden.
+#[derive(Clone)]
+pub struct Shared {
+    pub child: watch::Receiver<ChildState>,
+    pub health: watch::Receiver<Health>,
+    pub reaper: Reaper,
+    pub role: InitRole,
+    pub started_at: SystemTime,
+    pub store: String,
+    pub supervisor_heartbeat: Heartbeat,
+    pub health_heartbeat: Heartbeat,
+}
+
+impl Shared {
+    pub fn readiness(&self) -> Result<(), String> {
+        crate::readiness::evaluate(&self.child.borrow(), &self.health.borrow())
+    }
+
+    /// The warden's phase as operators read it (status line, /status).
+    pub fn phase(&self) -> &'static str {
+        let child = self.child.borrow();
+        match child.phase {
+            Phase::Idle => "starting",
+            Phase::Running if self.readiness().is_ok() => "running",
+            Phase::Running if child.restarts == 0 => "starting",
+            Phase::Running | Phase::Backoff => "restarting",
+            Phase::Stopping => "stopping",
+            Phase::Stopped => "stopped",
+        }
+    }
+
+    /// `/livez`: every loop of the warden has beaten recently.
+    pub fn liveness(&self) -> Result<(), String> {
+        let limit = std::time::Duration::from_secs(30);
+        for (name, hb) in [
+            ("supervisor", &self.supervisor_heartbeat),
+            ("health", &self.health_heartbeat),
+        ] {
+            if hb.age() > limit {
+                return Err(format!("{name} loop silent for {}s", hb.age().as_secs()));
+            }
+        }
+        Ok(())
+    }
+
+    /// `/status` as JSON.
+    pub fn status_json(&self) -> serde_json::Value {
+        let child = self.child.borrow().clone();
+        let health = self.health.borrow().clone();
+        let ready = self.readiness();
+        let current = health.incarnation == child.incarnation && child.phase == Phase::Running;
+        json!({
+            "phase": self.phase(),
+            "ready": ready.is_ok(),
+            "not_ready_reason": ready.err(),
+            "etcd": {
+                "pid": child.pid,
+                "phase": child.phase,
+                "restarts": child.restarts,
+                "incarnation": child.incarnation,
+                "started_at": child.started_at.map(to_unix),
+                "last_exit": child.last_exit,
+                "backoff_seconds": child.backoff_seconds,
+                "healthy": current && health.healthy,
+                "health_reason": health.reason,
+                "revision": health.revision,
+                "db_size": health.db_size,
+                "leader": health.leader,
+                "checked_at": health.checked_at.map(to_unix),
+            },
+            "ownership": { "state": "not_configured", "checked_at": null },
+            "backup": {
+                "store": self.store,
+                "healthy": null,
+                "last_full": null,
+                "last_delta": null,
+                "last_error": null,
+                "seconds_since_last_success": null,
+            },
+            "warden": {
+                "pid": std::process::id(),
+                "role": match self.role { InitRole::Pid1 => "pid1", InitRole::Subreaper => "subreaper" },
+                "orphans_reaped": self.reaper.orphans_reaped(),
+                "started_at": to_unix(self.started_at),
+                "version": env!("CARGO_PKG_VERSION"),
+            },
+        })
+    }
+}

@@ -1,0 +1,80 @@
+//! Logs and liveness: tracing set-up (text or JSON on stderr, etcd's own output untouched on the
+//! inherited stdout/stderr) and the heartbeats behind `/livez` and the systemd watchdog.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tracing_subscriber::EnvFilter;
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Installs the global subscriber. `RUST_LOG` refines the level (default `info`).
+pub fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+/// A loop's proof of life: it beats, `/livez` and the watchdog read the age of the last beat.
+#[derive(Clone, Debug)]
+pub struct Heartbeat {
+    origin: Instant,
+    last_ms: Arc<AtomicU64>,
+}
+
+impl Default for Heartbeat {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Heartbeat {
+    pub fn new() -> Self {
+        Self {
+            origin: Instant::now(),
+            last_ms: Arc::new(AtomicU64::new(0)),
+        }
+    }
+    pub fn beat(&self) {
+        let ms = self.origin.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+    pub fn age(&self) -> Duration {
+        let now = self.origin.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// Serializes `Option<SystemTime>` as fractional Unix seconds (or null).
+pub mod opt_unix_seconds {
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    use serde::Serializer;
+
+    pub fn serialize<S: Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.serialize_f64(to_unix(*t)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn to_unix(t: SystemTime) -> f64 {
+        t.duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0)
+    }
+}
