@@ -107,7 +107,7 @@ async fn check(client: &mut Client, timeout: Duration) -> Result<Health, String>
         let status = client
             .status()
             .await
-            .map_err(|e| format!("status request failed: {e}"))?;
+            .map_err(|e| format!("status request failed: {}", brief(&e)))?;
         if status.leader() == 0 {
             return Err("etcd has no leader".to_owned());
         }
@@ -117,7 +117,7 @@ async fn check(client: &mut Client, timeout: Duration) -> Result<Health, String>
         let alarms = client
             .alarm(AlarmAction::Get, AlarmType::None, None)
             .await
-            .map_err(|e| format!("alarm request failed: {e}"))?;
+            .map_err(|e| format!("alarm request failed: {}", brief(&e)))?;
         if let Some(alarm) = alarms.alarms().first() {
             let name = match alarm.alarm() {
                 AlarmType::Nospace => "NOSPACE",
@@ -130,7 +130,7 @@ async fn check(client: &mut Client, timeout: Duration) -> Result<Health, String>
         let read = client
             .get("health", None)
             .await
-            .map_err(|e| format!("linearizable read failed: {e}"))?;
+            .map_err(|e| format!("linearizable read failed: {}", brief(&e)))?;
         Ok(Health {
             incarnation: 0,
             healthy: true,
@@ -148,4 +148,22 @@ async fn check(client: &mut Client, timeout: Duration) -> Result<Health, String>
             humantime::format_duration(timeout)
         )),
     }
+}
+
+/// An etcd client error as one short phrase: the gRPC status message, or the root cause.
+fn brief(err: &etcd_client::Error) -> String {
+    match err {
+        etcd_client::Error::GRpcStatus(status) => {
+            root_cause(status).unwrap_or_else(|| status.message().to_owned())
+        }
+        other => root_cause(other).unwrap_or_else(|| other.to_string()),
+    }
+}
+
+fn root_cause(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cur = err.source()?;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    Some(cur.to_string())
 }

@@ -1,0 +1,280 @@
+//! Bad input never starts etcd, never creates anything, and says in one line what is wrong and how
+//! to fix it, with exit code 64. Plus `etcd-warden probe`.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+struct Case {
+    name: &'static str,
+    args: Vec<String>,
+    env: Vec<(&'static str, String)>,
+    want: &'static str,
+}
+
+#[test]
+fn bad_input_exits_64_with_one_line_and_touches_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let marker = d.join("etcd-was-started");
+    let fake = d.join("fake-etcd");
+    std::fs::write(
+        &fake,
+        format!("#!/bin/sh\ntouch {}\nexec sleep 600\n", marker.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let data = d.join("data");
+    let a_file = d.join("a-file");
+    std::fs::write(&a_file, "not a dir").unwrap();
+    let toml = d.join("bad.toml");
+    std::fs::write(&toml, "stop-timout = \"5s\"\n").unwrap();
+    let ip = unique_ip();
+    let listen = format!("{ip}:2378");
+    let busy_ip = unique_ip();
+    let _busy = std::net::TcpListener::bind(format!("{busy_ip}:2378")).unwrap();
+
+    let etcd = |extra: &[&str]| -> Vec<String> {
+        let mut v = vec![
+            "--".to_owned(),
+            fake.display().to_string(),
+            "--data-dir".into(),
+            data.display().to_string(),
+        ];
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let with = |opts: &[&str], extra: &[&str]| -> Vec<String> {
+        let mut v = vec!["run".to_owned(), "--listen".into(), listen.clone()];
+        v.extend(opts.iter().map(|s| s.to_string()));
+        v.extend(etcd(extra));
+        v
+    };
+    let cases = vec![
+        Case {
+            name: "unknown flag",
+            args: with(&["--bogus"], &[]),
+            env: vec![],
+            want: "--bogus",
+        },
+        Case {
+            name: "bad duration",
+            args: with(&["--stop-timeout", "10x"], &[]),
+            env: vec![],
+            want: "--stop-timeout \"10x\"",
+        },
+        Case {
+            name: "bad duration in env",
+            args: with(&[], &[]),
+            env: vec![("ETCD_WARDEN_STOP_TIMEOUT", "soon".into())],
+            want: "--stop-timeout \"soon\"",
+        },
+        Case {
+            name: "unknown store scheme",
+            args: with(&["--store", "s4://x"], &[]),
+            env: vec![],
+            want: "unknown scheme \"s4\" (use file, s3, gs or az)",
+        },
+        Case {
+            name: "store without bucket",
+            args: with(&["--store", "s3:///p"], &[]),
+            env: vec![],
+            want: "missing the bucket name",
+        },
+        Case {
+            name: "missing -- etcd",
+            args: vec!["run".into(), "--listen".into(), listen.clone()],
+            env: vec![],
+            want: "missing the etcd command line",
+        },
+        Case {
+            name: "etcd binary missing",
+            args: vec![
+                "run".into(),
+                "--".into(),
+                "/nonexistent/etcd".into(),
+                "--data-dir".into(),
+                data.display().to_string(),
+            ],
+            env: vec![],
+            want: "etcd command \"/nonexistent/etcd\"",
+        },
+        Case {
+            name: "etcd not in PATH",
+            args: vec!["run".into(), "--".into(), "etcd-nope-nope".into()],
+            env: vec![],
+            want: "not found in PATH",
+        },
+        Case {
+            name: "data dir is a file",
+            args: vec![
+                "run".into(),
+                "--".into(),
+                fake.display().to_string(),
+                "--data-dir".into(),
+                a_file.display().to_string(),
+            ],
+            env: vec![],
+            want: "is not a directory",
+        },
+        Case {
+            name: "unknown key in config file",
+            args: with(&["--config", toml.to_str().unwrap()], &[]),
+            env: vec![],
+            want: "unknown field `stop-timout`",
+        },
+        Case {
+            name: "bad listen address",
+            args: {
+                let mut v = with(&[], &[]);
+                v[2] = "localhost".into();
+                v
+            },
+            env: vec![],
+            want: "--listen \"localhost\"",
+        },
+        Case {
+            name: "listen address in use",
+            args: {
+                let mut v = with(&[], &[]);
+                v[2] = format!("{busy_ip}:2378");
+                v
+            },
+            env: vec![],
+            want: "pick a free address",
+        },
+        Case {
+            name: "etcd flag without value",
+            args: with(&[], &["--name"]),
+            env: vec![],
+            want: "etcd flag --name needs a value",
+        },
+        Case {
+            name: "bad etcd URL",
+            args: with(&[], &["--listen-client-urls", "://x"]),
+            env: vec![],
+            want: "flag --listen-client-urls",
+        },
+        Case {
+            name: "bad log format",
+            args: with(&["--log-format", "xml"], &[]),
+            env: vec![],
+            want: "xml",
+        },
+        Case {
+            name: "missing TLS file",
+            args: with(
+                &["--etcd-ca", "/nonexistent/ca.pem"],
+                &["--listen-client-urls", "https://127.0.0.1:2379"],
+            ),
+            env: vec![],
+            want: "TLS file \"/nonexistent/ca.pem\"",
+        },
+    ];
+    for case in cases {
+        let mut cmd = Command::new(WARDEN);
+        cmd.args(&case.args);
+        for (k, v) in &case.env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "{}: exit {:?}, stderr {stderr}",
+            case.name,
+            out.status
+        );
+        assert_eq!(
+            stderr.trim_end().lines().count(),
+            1,
+            "{}: not one line: {stderr}",
+            case.name
+        );
+        assert!(
+            stderr.contains(case.want),
+            "{}: {stderr:?} does not mention {:?}",
+            case.name,
+            case.want
+        );
+        assert!(!marker.exists(), "{}: etcd was started", case.name);
+        assert!(!data.exists(), "{}: the data dir was created", case.name);
+        assert_eq!(
+            std::fs::read_to_string(&a_file).unwrap(),
+            "not a dir",
+            "{}",
+            case.name
+        );
+        assert!(
+            !Path::new(&format!("{}.backups", data.display())).exists(),
+            "{}: store created",
+            case.name
+        );
+    }
+}
+
+#[test]
+fn help_and_version_exit_0_and_document_signals() {
+    let out = Command::new(WARDEN).args(["run", "--help"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "SIGUSR1",
+        "SIGTERM",
+        "--stop-timeout",
+        "ETCD_WARDEN_STORE",
+        "--store",
+    ] {
+        assert!(help.contains(needle), "run --help lacks {needle}:\n{help}");
+    }
+    let out = Command::new(WARDEN).arg("--version").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+}
+
+fn probe(url: &str) -> (i32, String) {
+    let out = Command::new(WARDEN)
+        .args(["probe", "--url", url])
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn probe_exits_0_only_when_ready() {
+    let etcd = etcd34();
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, &dir.path().join("data")));
+    let url = format!("http://{ip}:2378/readyz");
+
+    assert_eq!(probe(&url).0, 1, "nothing listening must not be ready");
+    assert_eq!(probe("ftp://x/readyz").0, 64, "a bad URL is bad usage");
+
+    let w = Warden::start(&ip, &["--restart-backoff-min", "3s"], &argv);
+    w.wait_ready(Duration::from_secs(30));
+    let (code, err) = probe(&url);
+    assert_eq!(code, 0, "{err}");
+
+    // etcd dies: the probe fails while the warden waits out the backoff.
+    let pid = w.etcd_pid().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let err = wait_for(
+        "the probe to fail after etcd died",
+        Duration::from_secs(3),
+        || {
+            let (code, err) = probe(&url);
+            (code == 1).then_some(err)
+        },
+    );
+    assert!(err.contains("503"), "{err}");
+}

