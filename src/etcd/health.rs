@@ -31,7 +31,7 @@ pub struct Health {
     pub checked_at: Option<SystemTime>,
 }
 
-const FAST_POLL: Duration = Duration::from_millis(200);
+const FAST_POLL: Duration = Duration::from_millis(50);
 
 /// Runs until cancelled.
 pub async fn run(

