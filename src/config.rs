@@ -16,7 +16,9 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::etcd::{ClientConfig, EtcdArgs, TlsOverrides};
+use crate::snapshot::backup::BackupConfig;
 use crate::store::StoreUrl;
+use crate::store::layout::Compression;
 use crate::supervisor::{Launch, Policy};
 use crate::telemetry::LogFormat;
 
@@ -46,6 +48,56 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Exit 0 when the warden's /readyz answers 200 (for exec probes and HEALTHCHECK).
     Probe(ProbeArgs),
+    /// Take one full snapshot of a running etcd into the store, then exit.
+    Snapshot(SnapshotArgs),
+    /// Inspect the backups in a store.
+    #[command(subcommand)]
+    Backups(BackupsCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct SnapshotArgs {
+    /// Where the snapshot goes: file:///dir, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix
+    #[arg(long, env = "ETCD_WARDEN_STORE", value_name = "URL")]
+    pub store: String,
+    /// etcd client URLs, comma-separated.
+    #[arg(
+        long,
+        env = "ETCD_WARDEN_ENDPOINTS",
+        default_value = "http://127.0.0.1:2379",
+        value_name = "URLS"
+    )]
+    pub endpoints: String,
+    /// CA certificate to verify etcd (https endpoints).
+    #[arg(long, value_name = "FILE")]
+    pub cacert: Option<PathBuf>,
+    /// Client certificate, when etcd requires one.
+    #[arg(long, value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// Client key.
+    #[arg(long, value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "zstd")]
+    pub compression: Compression,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BackupsCommand {
+    /// List full snapshots and their delta chains, ordered by revision.
+    List {
+        #[arg(long, env = "ETCD_WARDEN_STORE", value_name = "URL")]
+        store: String,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check every object's digest and every chain's continuity; exit 1 on any problem.
+    Verify {
+        #[arg(long, env = "ETCD_WARDEN_STORE", value_name = "URL")]
+        store: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -92,6 +144,22 @@ pub struct RunOptions {
     /// Log format on stderr [default: text]
     #[arg(long, env = "ETCD_WARDEN_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// When full snapshots are taken, cron syntax in UTC (5 fields, or 6 with seconds) [default: "0 * * * *", hourly]
+    #[arg(long, env = "ETCD_WARDEN_FULL_SNAPSHOT_SCHEDULE", value_name = "CRON")]
+    pub full_snapshot_schedule: Option<String>,
+    /// How often buffered events are uploaded as a delta snapshot; 0 turns deltas off [default: 10s]
+    #[arg(long, env = "ETCD_WARDEN_DELTA_SNAPSHOT_PERIOD", value_name = "DURATION")]
+    pub delta_snapshot_period: Option<String>,
+    /// Upload a delta early when this many bytes are buffered (the memory bound) [default: 32MiB]
+    #[arg(long, env = "ETCD_WARDEN_DELTA_SNAPSHOT_MAX_BYTES", value_name = "SIZE")]
+    pub delta_snapshot_max_bytes: Option<String>,
+    /// Which snapshots to keep: exponential (all of the last hour, then hourly for a day, daily for a
+    /// week, weekly for four weeks) or last:N [default: exponential]
+    #[arg(long, env = "ETCD_WARDEN_RETENTION", value_name = "POLICY")]
+    pub retention: Option<String>,
+    /// Compression of snapshot payloads [default: zstd]
+    #[arg(long, env = "ETCD_WARDEN_COMPRESSION", value_enum)]
+    pub compression: Option<Compression>,
     /// CA for the warden's etcd client [default: etcd's --trusted-ca-file]
     #[arg(long, env = "ETCD_WARDEN_ETCD_CA", value_name = "FILE")]
     pub etcd_ca: Option<PathBuf>,
@@ -129,6 +197,7 @@ pub struct RunConfig {
     pub health_interval: Duration,
     pub log_format: LogFormat,
     pub config_file: Option<PathBuf>,
+    pub backup: BackupConfig,
 }
 
 /// Bad usage or configuration: exit 64.
@@ -177,6 +246,11 @@ impl RunOptions {
             health_interval: self.health_interval.or(file.health_interval),
             health_timeout: self.health_timeout.or(file.health_timeout),
             log_format: self.log_format.or(file.log_format),
+            full_snapshot_schedule: self.full_snapshot_schedule.or(file.full_snapshot_schedule),
+            delta_snapshot_period: self.delta_snapshot_period.or(file.delta_snapshot_period),
+            delta_snapshot_max_bytes: self.delta_snapshot_max_bytes.or(file.delta_snapshot_max_bytes),
+            retention: self.retention.or(file.retention),
+            compression: self.compression.or(file.compression),
             etcd_ca: self.etcd_ca.or(file.etcd_ca),
             etcd_cert: self.etcd_cert.or(file.etcd_cert),
             etcd_key: self.etcd_key.or(file.etcd_key),
@@ -277,6 +351,29 @@ impl RunConfig {
             });
         }
         let client = ClientConfig::from_args(&etcd, &overrides, health_timeout);
+
+        let schedule_s = o.full_snapshot_schedule.as_deref().unwrap_or("0 * * * *");
+        let full_schedule =
+            crate::snapshot::backup::parse_cron(schedule_s).map_err(|e| ConfigError::Invalid {
+                option: "full-snapshot-schedule",
+                reason: format!("{schedule_s:?}: {e} (write cron fields, e.g. \"0 * * * *\" for hourly)"),
+            })?;
+        let delta_period = duration("delta-snapshot-period", o.delta_snapshot_period.as_deref(), "10s")?;
+        let max_s = o.delta_snapshot_max_bytes.as_deref().unwrap_or("32MiB");
+        let delta_max_bytes = max_s
+            .parse::<bytesize::ByteSize>()
+            .ok()
+            .filter(|b| b.as_u64() >= 1024)
+            .ok_or_else(|| ConfigError::Invalid {
+                option: "delta-snapshot-max-bytes",
+                reason: format!("{max_s:?}: not a size of at least 1KiB (write e.g. 32MiB)"),
+            })?
+            .as_u64() as usize;
+        let retention_s = o.retention.as_deref().unwrap_or("exponential");
+        let retention = retention_s.parse().map_err(|reason| ConfigError::Invalid {
+            option: "retention",
+            reason,
+        })?;
         if client.endpoints.is_empty() {
             return Err(ConfigError::Invalid {
                 option: "listen-client-urls",
@@ -314,6 +411,15 @@ impl RunConfig {
             }
         }
 
+        let backup = BackupConfig {
+            store: store.clone(),
+            client: client.clone(),
+            compression: o.compression.unwrap_or(Compression::Zstd),
+            full_schedule: Some(full_schedule),
+            delta_period,
+            delta_max_bytes,
+            retention,
+        };
         Ok(Self {
             launch: Launch {
                 program,
@@ -332,6 +438,7 @@ impl RunConfig {
             health_interval,
             log_format: o.log_format.unwrap_or(LogFormat::Text),
             config_file: args.config,
+            backup,
         })
     }
 }

@@ -2,6 +2,7 @@
 //! parts that follow — backups, restore and ownership fencing. See `run` for the task diagram and
 //! DESIGN.md (beside the project) for the contract.
 
+pub mod cli;
 pub mod config;
 pub mod etcd;
 pub mod http;
@@ -12,6 +13,7 @@ pub mod probe;
 pub mod readiness;
 pub mod run;
 pub mod signals;
+pub mod snapshot;
 pub mod state;
 pub mod store;
 pub mod supervisor;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use etcd_warden::config::{Cli, Command, ProbeArgs, RunArgs, RunConfig};
-use etcd_warden::{http, pid1, probe, run, signals, telemetry};
+use etcd_warden::{cli, http, pid1, probe, run, signals, telemetry};
 
 /// Bad usage or configuration (sysexits EX_USAGE).
 const EX_USAGE: i32 = 64;
@@ -19,6 +19,8 @@ fn main() {
     let code = match cli.command {
         Command::Run(args) => run_command(*args),
         Command::Probe(args) => probe_command(args),
+        Command::Snapshot(args) => one_shot(cli::snapshot(args)),
+        Command::Backups(cmd) => one_shot(cli::backups(cmd)),
     };
     exit(code);
 }
@@ -108,6 +110,26 @@ fn run_command(args: RunArgs) -> i32 {
     });
     runtime.shutdown_timeout(Duration::from_secs(1));
     code
+}
+
+/// Runs a one-shot command on a small runtime, with warnings on stderr.
+fn one_shot(fut: impl std::future::Future<Output = i32>) -> i32 {
+    telemetry::init_logging(telemetry::LogFormat::Text);
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => {
+            let code = rt.block_on(fut);
+            rt.shutdown_timeout(Duration::from_secs(1));
+            code
+        }
+        Err(err) => {
+            eprintln!("etcd-warden: start runtime: {err}");
+            1
+        }
+    }
 }
 
 fn probe_command(args: ProbeArgs) -> i32 {

@@ -64,10 +64,42 @@ struct Snapshot {
     warden_start: f64,
 }
 
+type Labels = Vec<(String, String)>;
+
+#[derive(Debug)]
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    counter: bool,
+    samples: Vec<(Labels, f64)>,
+}
+
 #[derive(Debug)]
 struct Collector {
     // Filled before encoding; the registry wants 'static + Debug.
-    text: Vec<(&'static str, &'static str, Value)>,
+    families: Vec<Family>,
+}
+
+impl prometheus_client::collector::Collector for Collector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for f in &self.families {
+            let kind = if f.counter {
+                ConstCounter::new(0.0).metric_type()
+            } else {
+                ConstGauge::new(0.0).metric_type()
+            };
+            let mut me = encoder.encode_descriptor(f.name, f.help, None, kind)?;
+            for (labels, v) in &f.samples {
+                let sample = me.encode_family(labels)?;
+                if f.counter {
+                    ConstCounter::new(*v).encode(sample)?;
+                } else {
+                    ConstGauge::new(*v).encode(sample)?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -76,22 +108,105 @@ enum Value {
     Counter(f64),
 }
 
-impl prometheus_client::collector::Collector for Collector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        for (name, help, value) in &self.text {
-            match value {
-                Value::Gauge(v) => {
-                    let m = ConstGauge::new(*v);
-                    m.encode(encoder.encode_descriptor(name, help, None, m.metric_type())?)?;
-                }
-                Value::Counter(v) => {
-                    let m = ConstCounter::new(*v);
-                    m.encode(encoder.encode_descriptor(name, help, None, m.metric_type())?)?;
-                }
+fn kind_label(kind: &str) -> Labels {
+    vec![("kind".to_owned(), kind.to_owned())]
+}
+
+/// Backup health (rule 1: shown here, never in readiness).
+fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
+    let b = shared.backup.borrow().clone();
+    let mut out = Vec::new();
+    let gauge = |name, help, samples| Family {
+        name,
+        help,
+        counter: false,
+        samples,
+    };
+    let counter = |name, help, samples| Family {
+        name,
+        help,
+        counter: true,
+        samples,
+    };
+    out.push(gauge(
+        "etcd_warden_backup_healthy",
+        "1 when the last backup attempt succeeded (absent before the first attempt).",
+        b.healthy
+            .map(|h| vec![(Vec::new(), if h { 1.0 } else { 0.0 })])
+            .unwrap_or_default(),
+    ));
+    out.push(counter(
+        "etcd_warden_snapshots",
+        "Snapshots uploaded, by kind.",
+        vec![
+            (kind_label("full"), b.fulls_total as f64),
+            (kind_label("delta"), b.deltas_total as f64),
+        ],
+    ));
+    out.push(counter(
+        "etcd_warden_backup_failures",
+        "Failed backup operations, by kind and a bounded reason.",
+        b.failures_total
+            .iter()
+            .map(|(k, v)| {
+                let (kind, reason) = k.split_once(':').unwrap_or((k.as_str(), "other"));
+                (
+                    vec![
+                        ("kind".to_owned(), kind.to_owned()),
+                        ("reason".to_owned(), reason.to_owned()),
+                    ],
+                    *v as f64,
+                )
+            })
+            .collect(),
+    ));
+    let mut last_ts = Vec::new();
+    let mut dur = Vec::new();
+    let mut size = Vec::new();
+    for (kind, info) in [("full", &b.last_full), ("delta", &b.last_delta)] {
+        if let Some(i) = info {
+            if let Some(at) = i.at {
+                last_ts.push((kind_label(kind), to_unix(at)));
             }
+            dur.push((kind_label(kind), i.duration_seconds));
+            size.push((kind_label(kind), i.stored_bytes as f64));
         }
-        Ok(())
     }
+    out.push(gauge(
+        "etcd_warden_backup_last_success_timestamp_seconds",
+        "Unix time of the last uploaded snapshot, by kind.",
+        last_ts,
+    ));
+    out.push(gauge(
+        "etcd_warden_snapshot_duration_seconds",
+        "Duration of the last uploaded snapshot, by kind.",
+        dur,
+    ));
+    out.push(gauge(
+        "etcd_warden_snapshot_size_bytes",
+        "Stored size of the last uploaded snapshot, by kind.",
+        size,
+    ));
+    out.push(gauge(
+        "etcd_warden_delta_pending_bytes",
+        "Delta bytes buffered in memory, not yet uploaded.",
+        vec![(Vec::new(), b.pending_delta_bytes as f64)],
+    ));
+    if let Some(rev) = b.backed_up_revision {
+        out.push(gauge(
+            "etcd_warden_backup_revision",
+            "The newest revision safely in the store.",
+            vec![(Vec::new(), rev as f64)],
+        ));
+        if let Some(cur) = etcd_revision {
+            out.push(gauge(
+                "etcd_warden_delta_lag_revisions",
+                "etcd's revision minus the newest revision in the store.",
+                vec![(Vec::new(), (cur - rev).max(0) as f64)],
+            ));
+        }
+    }
+    out
 }
 
 fn b(v: bool) -> f64 {
@@ -217,8 +332,26 @@ pub fn render(shared: &Shared) -> String {
         ));
     }
 
+    let mut families: Vec<Family> = m
+        .into_iter()
+        .map(|(name, help, v)| match v {
+            Value::Gauge(x) => Family {
+                name,
+                help,
+                counter: false,
+                samples: vec![(Vec::new(), x)],
+            },
+            Value::Counter(x) => Family {
+                name,
+                help,
+                counter: true,
+                samples: vec![(Vec::new(), x)],
+            },
+        })
+        .collect();
+    families.extend(backup_families(shared, s.revision));
     let mut registry = Registry::default();
-    registry.register_collector(Box::new(Collector { text: m }));
+    registry.register_collector(Box::new(Collector { families }));
     let mut out = String::new();
     if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
         out.clear();

@@ -51,6 +51,7 @@ pub async fn run(shared: Shared, cancel: CancellationToken) {
         .min(Duration::from_secs(1));
     let mut child = shared.child.clone();
     let mut health = shared.health.clone();
+    let mut backup = shared.backup.clone();
     let mut ready_sent = false;
     let mut last_line = String::new();
     loop {
@@ -70,6 +71,7 @@ pub async fn run(shared: Shared, cancel: CancellationToken) {
             _ = cancel.cancelled() => return,
             _ = child.changed() => {}
             _ = health.changed() => {}
+            _ = backup.changed() => {}
             _ = tokio::time::sleep(tick) => {}
         }
     }

@@ -8,7 +8,10 @@ use crate::etcd::Health;
 use crate::supervisor::{ChildState, Phase};
 
 /// `Ok` when ready, otherwise the reason shown by `/readyz`.
-pub fn evaluate(child: &ChildState, health: &Health) -> Result<(), String> {
+pub fn evaluate(child: &ChildState, health: &Health, shutting_down: bool) -> Result<(), String> {
+    if shutting_down {
+        return Err("etcd-warden is shutting down".to_owned());
+    }
     match child.phase {
         Phase::Running if child.pid.is_some() => {}
         Phase::Idle => return Err("etcd has not been started yet".to_owned()),
@@ -95,7 +98,7 @@ mod tests {
         ];
         for (child, health, want) in cases {
             assert_eq!(
-                evaluate(&child, &health),
+                evaluate(&child, &health, false),
                 want.map_err(str::to_owned),
                 "{child:?} {health:?}"
             );

@@ -3,12 +3,14 @@
 //!   signal thread ──SIGCHLD──▶ Reaper (waitpid -1) ──exit status──▶ Supervisor (owns etcd)
 //!        │                                                            │ watch<ChildState>
 //!        └─SignalEvent─▶ run loop ──mpsc<Request>──────────────────────┘      │
-//!                                                                              ▼
-//!                       health loop (etcd client) ──watch<Health>──▶ Shared ──▶ http (/readyz …)
-//!                                                                          └──▶ notify (systemd)
+//!                           │                                                  ▼
+//!                           │   health loop (etcd client) ──watch<Health>──▶ Shared ──▶ http (/readyz …)
+//!                           │                                                  ▲   └──▶ notify (systemd)
+//!                           └─full/delta/stop─▶ backup loop ──watch<BackupStatus>┘
 //!
-//! Shutdown order: not ready (the supervisor enters `stopping`) → STOPPING=1 → SIGTERM etcd → grace
-//! → SIGKILL → reap → the other tasks are cancelled → exit with etcd's status.
+//! Shutdown order: not ready at once → flush the pending delta (bounded) → SIGTERM etcd → grace →
+//! SIGKILL → reap → the other tasks are cancelled → exit with etcd's status. A second stop signal
+//! SIGKILLs etcd at once, even while the flush is still running.
 
 use std::time::{Duration, SystemTime};
 
@@ -21,6 +23,7 @@ use crate::config::RunConfig;
 use crate::etcd::Health;
 use crate::pid1::{ExitStatus, InitRole, Reaper};
 use crate::signals::SignalEvent;
+use crate::snapshot::backup::{Backup, BackupStatus, Control};
 use crate::state::Shared;
 use crate::supervisor::{ChildState, Request, Supervisor};
 use crate::telemetry::Heartbeat;
@@ -37,9 +40,13 @@ pub async fn run(
     let tracker = TaskTracker::new();
     let (child_tx, child_rx) = watch::channel(ChildState::initial());
     let (health_tx, health_rx) = watch::channel(Health::default());
+    let (backup_tx, backup_rx) = watch::channel(BackupStatus::default());
+    let (stopping_tx, stopping_rx) = watch::channel(false);
     let shared = Shared {
         child: child_rx.clone(),
-        health: health_rx,
+        health: health_rx.clone(),
+        backup: backup_rx,
+        shutting_down: stopping_rx,
         reaper: reaper.clone(),
         role,
         started_at: SystemTime::now(),
@@ -64,12 +71,14 @@ pub async fn run(
     tracker.spawn(crate::etcd::health::run(
         config.client.clone(),
         config.health_interval,
-        child_rx,
+        child_rx.clone(),
         health_tx,
         shared.health_heartbeat.clone(),
         cancel.child_token(),
     ));
     tracker.spawn(crate::notify::run(shared.clone(), cancel.child_token()));
+    let (backup, backup_handle) = Backup::new(config.backup.clone(), backup_tx, child_rx, health_rx);
+    let backup_task = tokio::spawn(backup.run());
 
     let (requests, request_rx) = mpsc::channel(16);
     let supervisor = Supervisor::new(
@@ -80,29 +89,54 @@ pub async fn run(
         shared.supervisor_heartbeat.clone(),
     );
     let mut supervisor = tokio::spawn(supervisor.run(request_rx));
+    // The flush before a graceful stop may take at most this long.
+    let flush_budget = (config.policy.stop_timeout / 2).min(Duration::from_secs(15));
 
     let status = loop {
         tokio::select! {
             done = &mut supervisor => break done.unwrap_or(ExitStatus::Code(1)),
             Some(event) = signals.recv() => match event {
                 SignalEvent::Stop(sig) => {
-                    tracing::info!(signal = %sig, "stop requested");
-                    let _ = requests.send(Request::Stop).await;
+                    if *stopping_tx.borrow() {
+                        tracing::warn!(signal = %sig, "second stop signal: killing etcd now");
+                        let _ = requests.send(Request::Stop).await;
+                        let _ = requests.send(Request::Stop).await;
+                        continue;
+                    }
+                    tracing::info!(signal = %sig, "stop requested: flushing the pending delta, then stopping etcd");
+                    stopping_tx.send_replace(true);
                     crate::notify::stopping(&shared);
+                    let handle = backup_handle.clone();
+                    let requests = requests.clone();
+                    tokio::spawn(async move {
+                        handle.stop(flush_budget).await;
+                        let _ = requests.send(Request::Stop).await;
+                    });
                 }
                 SignalEvent::Forward(sig) => {
                     let _ = requests.send(Request::Forward(sig)).await;
                 }
-                SignalEvent::FullSnapshot | SignalEvent::DeltaSnapshot => {
-                    tracing::warn!(?event, "snapshots are not implemented in this version; signal ignored");
+                SignalEvent::FullSnapshot => {
+                    if backup_handle.request_full() {
+                        tracing::info!("SIGUSR1: full snapshot requested");
+                    } else {
+                        tracing::info!("SIGUSR1: a full snapshot is already pending; coalesced");
+                    }
+                }
+                SignalEvent::DeltaSnapshot => {
+                    if backup_handle.request_delta() {
+                        tracing::info!("SIGUSR2: delta flush requested");
+                    }
                 }
                 SignalEvent::Reload => {
-                    tracing::info!("SIGHUP received; nothing to reload in this version");
+                    tracing::info!("SIGHUP: re-opening the store (credentials are re-read)");
+                    let _ = backup_handle.control.try_send(Control::Reload);
                 }
             },
         }
     };
     tracing::info!(%status, "etcd stopped; warden exiting");
+    backup_task.abort();
     cancel.cancel();
     tracker.close();
     let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;

@@ -8,6 +8,7 @@ use tokio::sync::watch;
 
 use crate::etcd::Health;
 use crate::pid1::{InitRole, Reaper};
+use crate::snapshot::backup::BackupStatus;
 use crate::supervisor::{ChildState, Phase};
 use crate::telemetry::{Heartbeat, opt_unix_seconds::to_unix};
 
@@ -16,6 +17,9 @@ use crate::telemetry::{Heartbeat, opt_unix_seconds::to_unix};
 pub struct Shared {
     pub child: watch::Receiver<ChildState>,
     pub health: watch::Receiver<Health>,
+    pub backup: watch::Receiver<BackupStatus>,
+    /// Set the moment a graceful stop begins: readiness goes 503 before anything else happens.
+    pub shutting_down: watch::Receiver<bool>,
     pub reaper: Reaper,
     pub role: InitRole,
     pub started_at: SystemTime,
@@ -26,11 +30,18 @@ pub struct Shared {
 
 impl Shared {
     pub fn readiness(&self) -> Result<(), String> {
-        crate::readiness::evaluate(&self.child.borrow(), &self.health.borrow())
+        crate::readiness::evaluate(
+            &self.child.borrow(),
+            &self.health.borrow(),
+            *self.shutting_down.borrow(),
+        )
     }
 
     /// The warden's phase as operators read it (status line, /status).
     pub fn phase(&self) -> &'static str {
+        if *self.shutting_down.borrow() && self.child.borrow().phase != Phase::Stopped {
+            return "stopping";
+        }
         let child = self.child.borrow();
         match child.phase {
             Phase::Idle => "starting",
@@ -54,6 +65,18 @@ impl Shared {
             }
         }
         Ok(())
+    }
+
+    fn backup_json(&self) -> serde_json::Value {
+        let b = self.backup.borrow().clone();
+        let since = b
+            .last_success_at
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .map(|d| d.as_secs_f64());
+        let mut v = serde_json::to_value(&b).unwrap_or_default();
+        v["store"] = json!(self.store);
+        v["seconds_since_last_success"] = json!(since);
+        v
     }
 
     /// `/status` as JSON.
@@ -82,14 +105,7 @@ impl Shared {
                 "checked_at": health.checked_at.map(to_unix),
             },
             "ownership": { "state": "not_configured", "checked_at": null },
-            "backup": {
-                "store": self.store,
-                "healthy": null,
-                "last_full": null,
-                "last_delta": null,
-                "last_error": null,
-                "seconds_since_last_success": null,
-            },
+            "backup": self.backup_json(),
             "warden": {
                 "pid": std::process::id(),
                 "role": match self.role { InitRole::Pid1 => "pid1", InitRole::Subreaper => "subreaper" },

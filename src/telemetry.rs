@@ -78,3 +78,18 @@ pub mod opt_unix_seconds {
             .unwrap_or(0.0)
     }
 }
+
+/// An error and its causes as one line: `a: b: c`.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut s = err.to_string();
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let m = e.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = e.source();
+    }
+    s
+}

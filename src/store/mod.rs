@@ -1,6 +1,205 @@
-//! Where backups live: the `--store` URL (`url`). The object_store wrapper, key layout and retention
-//! arrive with the backup engine.
+//! Where backups live: the `--store` URL (`url`), the key layout (`layout`), the self-verifying
+//! object format (`format`), retention (`retention`), and opening the object_store client with
+//! retries short enough that an outage shows in /status within one delta period.
 
+pub mod format;
+pub mod layout;
+pub mod retention;
 pub mod url;
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::TryStreamExt;
+use object_store::path::Path;
+use object_store::prefix::PrefixStore;
+use object_store::{ClientOptions, ObjectMeta, ObjectStore, ObjectStoreExt, RetryConfig};
+use thiserror::Error;
+
+pub use layout::{Compression, Kind, SnapshotName};
 pub use url::{StoreUrl, StoreUrlError};
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("create the store directory {path}")]
+    CreateDir {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("configure the {scheme} store {url}")]
+    Configure {
+        scheme: &'static str,
+        url: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("list {prefix} in {url}")]
+    List {
+        prefix: String,
+        url: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("delete {key} from {url}")]
+    Delete {
+        key: String,
+        url: String,
+        #[source]
+        source: object_store::Error,
+    },
+}
+
+/// An open backup store.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pub url: StoreUrl,
+    pub inner: Arc<dyn ObjectStore>,
+}
+
+/// Retries: a few quick ones inside object_store; the backup loop retries on its own schedule and
+/// reports every failure, so a dead store is visible in seconds rather than minutes.
+fn retry() -> RetryConfig {
+    RetryConfig {
+        max_retries: 2,
+        retry_timeout: Duration::from_secs(10),
+        ..RetryConfig::default()
+    }
+}
+
+fn client_options() -> ClientOptions {
+    ClientOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(60))
+}
+
+impl Store {
+    /// Builds the client from the URL and the environment the clouds' own tools read
+    /// (AWS_*, GOOGLE_*, AZURE_*). Creates a file store's directory.
+    pub fn open(url: &StoreUrl) -> Result<Self, StoreError> {
+        let cfg = |scheme| {
+            move |source| StoreError::Configure {
+                scheme,
+                url: url.to_string(),
+                source,
+            }
+        };
+        let (inner, prefix): (Arc<dyn ObjectStore>, &str) = match url {
+            StoreUrl::File { path } => {
+                std::fs::create_dir_all(path).map_err(|source| StoreError::CreateDir {
+                    path: path.clone(),
+                    source,
+                })?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(path).map_err(cfg("file"))?;
+                (Arc::new(fs), "")
+            }
+            StoreUrl::S3 { bucket, prefix } => {
+                let s3 = object_store::aws::AmazonS3Builder::from_env()
+                    .with_bucket_name(bucket)
+                    .with_retry(retry())
+                    .with_client_options(client_options())
+                    .build()
+                    .map_err(cfg("s3"))?;
+                (Arc::new(s3), prefix)
+            }
+            StoreUrl::Gcs { bucket, prefix } => {
+                let gcs = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_bucket_name(bucket)
+                    .with_retry(retry())
+                    .with_client_options(client_options())
+                    .build()
+                    .map_err(cfg("gs"))?;
+                (Arc::new(gcs), prefix)
+            }
+            StoreUrl::Azure { container, prefix } => {
+                let az = object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_container_name(container)
+                    .with_retry(retry())
+                    .with_client_options(client_options())
+                    .build()
+                    .map_err(cfg("az"))?;
+                (Arc::new(az), prefix)
+            }
+        };
+        let inner: Arc<dyn ObjectStore> = if prefix.is_empty() {
+            inner
+        } else {
+            Arc::new(PrefixStore::new(inner, prefix.to_owned()))
+        };
+        Ok(Self {
+            url: url.clone(),
+            inner,
+        })
+    }
+
+    async fn list_dir(&self, dir: &str) -> Result<Vec<(SnapshotName, ObjectMeta)>, StoreError> {
+        let prefix = Path::from(dir);
+        let metas: Vec<ObjectMeta> =
+            self.inner
+                .list(Some(&prefix))
+                .try_collect()
+                .await
+                .map_err(|source| StoreError::List {
+                    prefix: dir.to_owned(),
+                    url: self.url.to_string(),
+                    source,
+                })?;
+        let mut out = Vec::new();
+        for m in metas {
+            match SnapshotName::parse(m.location.as_ref()) {
+                Ok(n) => out.push((n, m)),
+                Err(err) => tracing::debug!(error = %err, "ignoring a foreign object in the store"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// All full snapshots, oldest first (by revision, then creation time).
+    pub async fn list_fulls(&self) -> Result<Vec<(SnapshotName, ObjectMeta)>, StoreError> {
+        let mut v = self.list_dir(&layout::full_dir()).await?;
+        v.sort_by_key(|(n, _)| (n.last_revision(), n.created_ms));
+        Ok(v)
+    }
+
+    /// The deltas of the chain based on the full snapshot at `base`, by first revision.
+    pub async fn list_chain(&self, base: i64) -> Result<Vec<(SnapshotName, ObjectMeta)>, StoreError> {
+        let mut v = self.list_dir(&layout::delta_dir(base)).await?;
+        v.sort_by_key(|(n, _)| match n.kind {
+            Kind::Delta { first, last, .. } => (first, last, n.created_ms),
+            Kind::Full { revision, .. } => (revision, revision, n.created_ms),
+        });
+        Ok(v)
+    }
+
+    /// Every delta chain directory's base revision (one listing with a delimiter).
+    pub async fn list_chain_bases(&self) -> Result<Vec<i64>, StoreError> {
+        let prefix = Path::from(format!("{}/delta", layout::VERSION_DIR));
+        let res = self
+            .inner
+            .list_with_delimiter(Some(&prefix))
+            .await
+            .map_err(|source| StoreError::List {
+                prefix: prefix.to_string(),
+                url: self.url.to_string(),
+                source,
+            })?;
+        let mut bases: Vec<i64> = res
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().and_then(|f| f.parse().ok()))
+            .collect();
+        bases.sort_unstable();
+        Ok(bases)
+    }
+
+    pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        match self.inner.delete(&Path::from(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(source) => Err(StoreError::Delete {
+                key: key.to_owned(),
+                url: self.url.to_string(),
+                source,
+            }),
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! The one-shot commands: `snapshot`, `backups list`, `backups verify`. They reuse the same code
+//! paths as `run` (the same snapshot stream, object format and verification).
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::config::{BackupsCommand, SnapshotArgs};
+use crate::etcd::client::{ClientConfig, TlsFiles};
+use crate::snapshot::{full, verify};
+use crate::store::layout::Kind;
+use crate::store::{Store, StoreUrl};
+
+/// Bad usage or configuration.
+pub const EX_USAGE: i32 = 64;
+
+fn open_store(url: &str) -> Result<Store, i32> {
+    let parsed: StoreUrl = url.parse().map_err(|e| {
+        eprintln!("etcd-warden: --store {e}");
+        EX_USAGE
+    })?;
+    Store::open(&parsed).map_err(|e| {
+        eprintln!("etcd-warden: {}", crate::telemetry::error_chain(&e));
+        1
+    })
+}
+
+pub async fn snapshot(args: SnapshotArgs) -> i32 {
+    let store = match open_store(&args.store) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let endpoints: Vec<String> = args
+        .endpoints
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if endpoints.is_empty() || endpoints.iter().any(|e| url::Url::parse(e).is_err()) {
+        eprintln!(
+            "etcd-warden: --endpoints {:?}: not a list of URLs (write e.g. http://127.0.0.1:2379)",
+            args.endpoints
+        );
+        return EX_USAGE;
+    }
+    let tls = endpoints
+        .iter()
+        .any(|e| e.starts_with("https://"))
+        .then(|| TlsFiles {
+            ca: args.cacert.clone(),
+            identity: args.cert.clone().zip(args.key.clone()),
+        });
+    let cfg = ClientConfig {
+        endpoints,
+        tls,
+        timeout: Duration::from_secs(10),
+    };
+    let mut client = match cfg.connect().await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("etcd-warden: {}", crate::telemetry::error_chain(&e));
+            return 1;
+        }
+    };
+    match full::take_full(&mut client, &store, args.compression, false).await {
+        Ok(r) => {
+            println!(
+                "{}\trevision {}\t{} bytes from etcd\t{} bytes stored\t{:.2}s",
+                r.name.key(),
+                r.name.last_revision(),
+                r.raw_bytes,
+                r.stored_bytes,
+                r.duration.as_secs_f64()
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!(
+                "etcd-warden: snapshot failed: {}",
+                crate::telemetry::error_chain(&e)
+            );
+            1
+        }
+    }
+}
+
+pub async fn backups(cmd: BackupsCommand) -> i32 {
+    match cmd {
+        BackupsCommand::List { store, json } => list(&store, json).await,
+        BackupsCommand::Verify { store, json } => verify_cmd(&store, json).await,
+    }
+}
+
+async fn list(url: &str, as_json: bool) -> i32 {
+    let store = match open_store(url) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let result: Result<Vec<serde_json::Value>, crate::store::StoreError> = async {
+        let mut rows = Vec::new();
+        let mut bases = store.list_chain_bases().await?;
+        let fulls = store.list_fulls().await?;
+        for (n, m) in &fulls {
+            rows.push((n.last_revision(), 0, *n, m.size));
+        }
+        bases.sort_unstable();
+        for base in bases {
+            for (n, m) in store.list_chain(base).await? {
+                rows.push((base, 1, n, m.size));
+            }
+        }
+        rows.sort_by_key(|(base, order, n, _)| (*base, *order, n.last_revision(), n.created_ms));
+        Ok(rows
+            .into_iter()
+            .map(|(_, _, n, size)| {
+                let (kind, first, last, base, is_final) = match n.kind {
+                    Kind::Full { revision, is_final } => ("full", revision, revision, revision, is_final),
+                    Kind::Delta { base, first, last } => ("delta", first, last, base, false),
+                };
+                json!({
+                    "key": n.key(), "kind": kind, "base": base, "first": first, "last": last,
+                    "created": humantime::format_rfc3339_millis(n.created()).to_string(),
+                    "compression": n.compression.as_str(), "encryption": n.encryption.as_str(),
+                    "final": is_final, "size": size,
+                })
+            })
+            .collect())
+    }
+    .await;
+    match result {
+        Ok(rows) => {
+            if as_json {
+                println!("{}", serde_json::to_string_pretty(&rows).unwrap_or_default());
+            } else {
+                println!(
+                    "{:<6} {:>20} {:>20} {:<19} {:>12}  KEY",
+                    "KIND", "FIRST", "LAST", "CREATED", "SIZE"
+                );
+                for r in rows {
+                    let created = r["created"].as_str().unwrap_or_default();
+                    println!(
+                        "{:<6} {:>20} {:>20} {:<19} {:>12}  {}",
+                        format!(
+                            "{}{}",
+                            r["kind"].as_str().unwrap_or_default(),
+                            if r["final"] == true { "*" } else { "" }
+                        ),
+                        r["first"].as_i64().unwrap_or(0),
+                        r["last"].as_i64().unwrap_or(0),
+                        &created[..created.len().min(19)],
+                        r["size"].as_u64().unwrap_or(0),
+                        r["key"].as_str().unwrap_or_default()
+                    );
+                }
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!("etcd-warden: {}", crate::telemetry::error_chain(&e));
+            1
+        }
+    }
+}
+
+async fn verify_cmd(url: &str, as_json: bool) -> i32 {
+    let store = match open_store(url) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    match verify::verify_store(&store).await {
+        Ok(report) => {
+            if as_json {
+                println!("{}", serde_json::to_string_pretty(&report).unwrap_or_default());
+            } else {
+                for o in &report.objects {
+                    match &o.error {
+                        None => println!("ok    {}", o.key),
+                        Some(e) => println!("FAIL  {}: {e}", o.key),
+                    }
+                }
+                for e in &report.chain_errors {
+                    println!("FAIL  {e}");
+                }
+                let bad = report.objects.iter().filter(|o| !o.ok).count() + report.chain_errors.len();
+                println!("{} objects checked, {bad} problems", report.objects.len());
+            }
+            if report.ok() { 0 } else { 1 }
+        }
+        Err(e) => {
+            eprintln!("etcd-warden: {}", crate::telemetry::error_chain(&e));
+            1
+        }
+    }
+}

@@ -1,0 +1,657 @@
+//! The backup loop: one task that owns the delta buffer, the watch and every upload and deletion,
+//! so uploads never overlap and retention never races an upload.
+//!
+//! While etcd is healthy it resumes the newest chain in the store (watching from the chain's last
+//! revision + 1) or starts a new one with a full snapshot, then streams deltas. Full snapshots come
+//! from the cron schedule, SIGUSR1, a compacted or gapped watch, and an overflowed delta buffer.
+//! Every outcome lands in [`BackupStatus`]; none of it touches readiness (rule 1).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use etcd_client::{Client, EventType as EtcdEventType, WatchOptions};
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::delta::{self, DeltaBuffer};
+use super::delta_codec::{Event, EventType, Lease, Revision};
+use super::full;
+use crate::etcd::{ClientConfig, Health};
+use crate::store::layout::Compression;
+use crate::store::retention::{self, Policy};
+use crate::store::{Store, StoreUrl};
+use crate::supervisor::{ChildState, Phase};
+
+/// What the backup loop is configured to do.
+#[derive(Debug, Clone)]
+pub struct BackupConfig {
+    pub store: StoreUrl,
+    pub client: ClientConfig,
+    pub compression: Compression,
+    pub full_schedule: Option<croner::Cron>,
+    /// 0 = no deltas.
+    pub delta_period: Duration,
+    pub delta_max_bytes: usize,
+    pub retention: Policy,
+}
+
+/// Requests to the backup loop.
+#[derive(Debug)]
+pub enum Control {
+    /// Flush the pending delta, then answer and stop (graceful shutdown).
+    Stop(oneshot::Sender<()>),
+    /// Re-open the store (credentials re-read) after flushing.
+    Reload,
+}
+
+/// Handles for other tasks. Full and delta requests coalesce: one pending of each at most.
+#[derive(Clone)]
+pub struct BackupHandle {
+    pub full: mpsc::Sender<()>,
+    pub delta: mpsc::Sender<()>,
+    pub control: mpsc::Sender<Control>,
+}
+
+impl BackupHandle {
+    pub fn request_full(&self) -> bool {
+        self.full.try_send(()).is_ok()
+    }
+    pub fn request_delta(&self) -> bool {
+        self.delta.try_send(()).is_ok()
+    }
+    /// Flushes and stops the loop, waiting at most `timeout`.
+    pub async fn stop(&self, timeout: Duration) {
+        let (tx, rx) = oneshot::channel();
+        if self.control.send(Control::Stop(tx)).await.is_ok()
+            && tokio::time::timeout(timeout, rx).await.is_err()
+        {
+            tracing::warn!(
+                timeout_ms = timeout.as_millis() as u64,
+                "delta flush did not finish before the stop deadline"
+            );
+        }
+    }
+}
+
+/// One uploaded snapshot, as /status shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapInfo {
+    pub key: String,
+    pub revision: i64,
+    #[serde(with = "crate::telemetry::opt_unix_seconds")]
+    pub at: Option<SystemTime>,
+    pub stored_bytes: u64,
+    pub raw_bytes: u64,
+    pub duration_seconds: f64,
+}
+
+/// Backup health: shown in /status, metrics and the STATUS line; never an input to readiness.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BackupStatus {
+    /// `None` until the first attempt; false after a failure until the next success.
+    pub healthy: Option<bool>,
+    pub last_full: Option<SnapInfo>,
+    pub last_delta: Option<SnapInfo>,
+    pub last_error: Option<String>,
+    #[serde(with = "crate::telemetry::opt_unix_seconds")]
+    pub last_error_at: Option<SystemTime>,
+    #[serde(with = "crate::telemetry::opt_unix_seconds")]
+    pub last_success_at: Option<SystemTime>,
+    pub consecutive_failures: u64,
+    /// The newest revision safely in the store.
+    pub backed_up_revision: Option<i64>,
+    pub chain_base: Option<i64>,
+    pub pending_delta_bytes: u64,
+    pub pending_delta_events: u64,
+    pub fulls_total: u64,
+    pub deltas_total: u64,
+    /// Failures by kind ("full", "delta", "retention", "store") and bounded reason.
+    pub failures_total: BTreeMap<String, u64>,
+}
+
+enum Outcome {
+    Stop(oneshot::Sender<()>),
+    NeedFull,
+    Reconnect,
+}
+
+pub struct Backup {
+    cfg: BackupConfig,
+    status: watch::Sender<BackupStatus>,
+    child: watch::Receiver<ChildState>,
+    health: watch::Receiver<Health>,
+    full_rx: mpsc::Receiver<()>,
+    delta_rx: mpsc::Receiver<()>,
+    control_rx: mpsc::Receiver<Control>,
+    retry_delay: Duration,
+}
+
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+impl Backup {
+    pub fn new(
+        cfg: BackupConfig,
+        status: watch::Sender<BackupStatus>,
+        child: watch::Receiver<ChildState>,
+        health: watch::Receiver<Health>,
+    ) -> (Self, BackupHandle) {
+        let (full, full_rx) = mpsc::channel(1);
+        let (delta, delta_rx) = mpsc::channel(1);
+        let (control, control_rx) = mpsc::channel(4);
+        (
+            Self {
+                cfg,
+                status,
+                child,
+                health,
+                full_rx,
+                delta_rx,
+                control_rx,
+                retry_delay: RETRY_MIN,
+            },
+            BackupHandle { full, delta, control },
+        )
+    }
+
+    fn failed(&mut self, kind: &str, reason: &str, err: &dyn std::error::Error) {
+        let msg = crate::telemetry::error_chain(err);
+        tracing::error!(kind, reason, error = %msg, "backup failed");
+        self.status.send_modify(|s| {
+            s.healthy = Some(false);
+            s.last_error = Some(format!("{kind}: {msg}"));
+            s.last_error_at = Some(SystemTime::now());
+            s.consecutive_failures += 1;
+            *s.failures_total.entry(format!("{kind}:{reason}")).or_default() += 1;
+        });
+    }
+
+    fn succeeded(&mut self) {
+        self.retry_delay = RETRY_MIN;
+        self.status.send_modify(|s| {
+            if s.healthy == Some(false) {
+                tracing::info!("backups recovered");
+            }
+            s.healthy = Some(true);
+            s.consecutive_failures = 0;
+            s.last_success_at = Some(SystemTime::now());
+        });
+    }
+
+    /// Capped exponential backoff with jitter between failed attempts.
+    async fn back_off(&mut self) -> Option<Outcome> {
+        let d = self.retry_delay / 2 + self.retry_delay.mul_f64(fastrand::f64() / 2.0);
+        self.retry_delay = (self.retry_delay * 2).min(RETRY_MAX);
+        tokio::select! {
+            Some(c) = self.control_rx.recv() => match c {
+                Control::Stop(reply) => Some(Outcome::Stop(reply)),
+                Control::Reload => None,
+            },
+            _ = tokio::time::sleep(d) => None,
+        }
+    }
+
+    /// Waits until the current etcd is healthy; `Some` when asked to stop meanwhile.
+    async fn wait_healthy(&mut self) -> Option<oneshot::Sender<()>> {
+        loop {
+            {
+                let c = self.child.borrow_and_update();
+                let h = self.health.borrow_and_update();
+                if c.phase == Phase::Running && h.healthy && h.incarnation == c.incarnation {
+                    return None;
+                }
+            }
+            tokio::select! {
+                Some(c) = self.control_rx.recv() => match c {
+                    Control::Stop(reply) => return Some(reply),
+                    Control::Reload => {}
+                },
+                _ = self.child.changed() => {}
+                _ = self.health.changed() => {}
+            }
+        }
+    }
+
+    pub async fn run(mut self) {
+        let mut force_full = false;
+        loop {
+            if let Some(reply) = self.wait_healthy().await {
+                let _ = reply.send(());
+                return;
+            }
+            let mut client = match self.cfg.client.connect().await {
+                Ok(c) => c,
+                Err(err) => {
+                    tracing::debug!(error = %err, "backup client not connected yet");
+                    if let Some(Outcome::Stop(r)) = self.back_off().await {
+                        let _ = r.send(());
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let store = match Store::open(&self.cfg.store) {
+                Ok(s) => s,
+                Err(err) => {
+                    self.failed("store", "configure", &err);
+                    if let Some(Outcome::Stop(r)) = self.back_off().await {
+                        let _ = r.send(());
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let start = match self.chain_start(&mut client, &store, force_full).await {
+                Ok(s) => s,
+                Err(()) => {
+                    if let Some(Outcome::Stop(r)) = self.back_off().await {
+                        let _ = r.send(());
+                        return;
+                    }
+                    continue;
+                }
+            };
+            force_full = false;
+            match self.stream(&mut client, &store, start).await {
+                Outcome::Stop(reply) => {
+                    let _ = reply.send(());
+                    return;
+                }
+                Outcome::NeedFull => force_full = true,
+                Outcome::Reconnect => {
+                    if let Some(Outcome::Stop(r)) = self.back_off().await {
+                        let _ = r.send(());
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Where the chain continues: `(base, after)` — resume the newest chain, or take a full.
+    async fn chain_start(
+        &mut self,
+        client: &mut Client,
+        store: &Store,
+        force_full: bool,
+    ) -> Result<(i64, i64), ()> {
+        if !force_full {
+            match self.resume_point(client, store).await {
+                Ok(Some(p)) => return Ok(p),
+                Ok(None) => {}
+                Err(err) => {
+                    self.failed("store", "list", &err);
+                    return Err(());
+                }
+            }
+        }
+        match self.take_full(client, store).await {
+            Ok(rev) => Ok((rev, rev)),
+            Err(()) => Err(()),
+        }
+    }
+
+    async fn resume_point(
+        &mut self,
+        client: &mut Client,
+        store: &Store,
+    ) -> Result<Option<(i64, i64)>, crate::store::StoreError> {
+        let fulls = store.list_fulls().await?;
+        let Some((newest, _)) = fulls.last() else {
+            tracing::info!("the store has no full snapshot yet: taking one");
+            return Ok(None);
+        };
+        if let Some(period) = self.schedule_period() {
+            let age = SystemTime::now()
+                .duration_since(newest.created())
+                .unwrap_or_default();
+            if age > period {
+                tracing::info!(
+                    age_s = age.as_secs(),
+                    "the newest full snapshot is older than one schedule period: taking one"
+                );
+                return Ok(None);
+            }
+        }
+        let base = newest.last_revision();
+        let chain = store.list_chain(base).await?;
+        let after = chain.last().map(|(n, _)| n.last_revision()).unwrap_or(base);
+        let current = client
+            .status()
+            .await
+            .ok()
+            .and_then(|s| s.header().map(|h| h.revision()))
+            .unwrap_or(0);
+        if current < after {
+            tracing::warn!(
+                current,
+                chain_last = after,
+                "etcd is behind the store's newest chain: starting a new chain"
+            );
+            return Ok(None);
+        }
+        tracing::info!(base, after, "resuming the newest backup chain");
+        self.status.send_modify(|s| {
+            s.chain_base = Some(base);
+            s.backed_up_revision = Some(after);
+        });
+        Ok(Some((base, after)))
+    }
+
+    fn schedule_period(&self) -> Option<Duration> {
+        let cron = self.cfg.full_schedule.as_ref()?;
+        let now = chrono::Utc::now();
+        let next = cron.find_next_occurrence(&now, false).ok()?;
+        let prev = cron.find_previous_occurrence(&now, false).ok()?;
+        (next - prev).to_std().ok()
+    }
+
+    fn next_full_at(&self) -> Option<tokio::time::Instant> {
+        let cron = self.cfg.full_schedule.as_ref()?;
+        let now = chrono::Utc::now();
+        let next = cron.find_next_occurrence(&now, false).ok()?;
+        let wait = (next - now).to_std().ok()?;
+        Some(tokio::time::Instant::now() + wait)
+    }
+
+    /// One full snapshot, with status, metrics and retention. `Ok(revision)` on success.
+    async fn take_full(&mut self, client: &mut Client, store: &Store) -> Result<i64, ()> {
+        match full::take_full(client, store, self.cfg.compression, false).await {
+            Ok(r) => {
+                let rev = r.name.last_revision();
+                self.succeeded();
+                self.status.send_modify(|s| {
+                    s.last_full = Some(SnapInfo {
+                        key: r.name.key(),
+                        revision: rev,
+                        at: Some(SystemTime::now()),
+                        stored_bytes: r.stored_bytes,
+                        raw_bytes: r.raw_bytes,
+                        duration_seconds: r.duration.as_secs_f64(),
+                    });
+                    s.fulls_total += 1;
+                    s.chain_base = Some(rev);
+                    s.backed_up_revision = Some(s.backed_up_revision.unwrap_or(0).max(rev));
+                });
+                self.apply_retention(store).await;
+                Ok(rev)
+            }
+            Err(err) => {
+                self.failed("full", err.reason(), &err);
+                Err(())
+            }
+        }
+    }
+
+    async fn apply_retention(&mut self, store: &Store) {
+        let result: Result<usize, crate::store::StoreError> = async {
+            let fulls: Vec<_> = store.list_fulls().await?.into_iter().map(|(n, _)| n).collect();
+            let mut chains = BTreeMap::new();
+            for base in store.list_chain_bases().await? {
+                chains.insert(
+                    base,
+                    store
+                        .list_chain(base)
+                        .await?
+                        .into_iter()
+                        .map(|(n, _)| n)
+                        .collect(),
+                );
+            }
+            let doomed = retention::plan(
+                &fulls,
+                &chains,
+                crate::store::layout::now_ms(),
+                self.cfg.retention,
+            );
+            for key in &doomed {
+                store.delete(key).await?;
+            }
+            Ok(doomed.len())
+        }
+        .await;
+        match result {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, "retention removed old snapshots"),
+            Err(err) => self.failed("retention", "store", &err),
+        }
+    }
+
+    /// Flushes the buffer. On failure the events go back into the buffer for the next attempt.
+    async fn flush(&mut self, store: &Store, buf: &mut DeltaBuffer) -> bool {
+        let Some(pending) = buf.take() else { return true };
+        match delta::upload(store, &pending, self.cfg.compression).await {
+            Ok(r) => {
+                self.succeeded();
+                self.status.send_modify(|s| {
+                    s.last_delta = Some(SnapInfo {
+                        key: r.name.key(),
+                        revision: pending.last,
+                        at: Some(SystemTime::now()),
+                        stored_bytes: r.stored_bytes,
+                        raw_bytes: r.raw_bytes,
+                        duration_seconds: r.duration.as_secs_f64(),
+                    });
+                    s.deltas_total += 1;
+                    s.backed_up_revision = Some(pending.last);
+                    s.pending_delta_bytes = buf.len() as u64;
+                    s.pending_delta_events = buf.pending_events();
+                });
+                true
+            }
+            Err(err) => {
+                self.failed("delta", err.reason(), &err);
+                buf.restore(pending);
+                false
+            }
+        }
+    }
+
+    async fn stream(&mut self, client: &mut Client, store: &Store, (base, after): (i64, i64)) -> Outcome {
+        let mut buf = DeltaBuffer::new(base, after);
+        let deltas_on = !self.cfg.delta_period.is_zero();
+        let mut watch = if deltas_on {
+            let opts = WatchOptions::new()
+                .with_all_keys()
+                .with_start_revision(buf.last() + 1);
+            let mut wc = client.watch_client().max_decoding_message_size(64 * 1024 * 1024);
+            match wc.watch(vec![0u8], Some(opts)).await {
+                Ok(w) => Some(w),
+                Err(err) => {
+                    tracing::warn!(error = %err, "failed to open the watch for deltas");
+                    return Outcome::Reconnect;
+                }
+            }
+        } else {
+            None
+        };
+        let period = if deltas_on {
+            self.cfg.delta_period
+        } else {
+            Duration::from_secs(3600)
+        };
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_full = self.next_full_at();
+        loop {
+            let full_due = async {
+                match next_full {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let watch_msg = async {
+                match watch.as_mut() {
+                    Some(w) => w.message().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                Some(c) = self.control_rx.recv() => match c {
+                    Control::Stop(reply) => {
+                        self.flush(store, &mut buf).await;
+                        return Outcome::Stop(reply);
+                    }
+                    Control::Reload => {
+                        self.flush(store, &mut buf).await;
+                        return Outcome::Reconnect;
+                    }
+                },
+                Some(()) = self.delta_rx.recv() => {
+                    self.flush(store, &mut buf).await;
+                }
+                Some(()) = self.full_rx.recv() => {
+                    if let Some(o) = self.full_during_stream(client, store, &mut buf).await { return o; }
+                }
+                _ = full_due => {
+                    next_full = self.next_full_at();
+                    if let Some(o) = self.full_during_stream(client, store, &mut buf).await { return o; }
+                }
+                _ = tick.tick() => {
+                    if !buf.is_empty() {
+                        self.flush(store, &mut buf).await;
+                    }
+                }
+                msg = watch_msg => {
+                    let resp = match msg {
+                        Ok(Some(r)) => r,
+                        Ok(None) => { self.flush(store, &mut buf).await; return Outcome::Reconnect; }
+                        Err(err) => {
+                            tracing::warn!(error = %err, "delta watch ended");
+                            self.flush(store, &mut buf).await;
+                            return Outcome::Reconnect;
+                        }
+                    };
+                    if resp.canceled() {
+                        self.flush(store, &mut buf).await;
+                        if resp.compact_revision() > 0 {
+                            tracing::warn!(compact_revision = resp.compact_revision(), wanted = buf.last() + 1, "the chain's next revision was compacted: taking a full snapshot");
+                            return Outcome::NeedFull;
+                        }
+                        tracing::warn!(reason = resp.cancel_reason(), "delta watch canceled");
+                        return Outcome::Reconnect;
+                    }
+                    if let Err(o) = self.append(client, &mut buf, resp.events()).await {
+                        self.flush(store, &mut buf).await;
+                        return o;
+                    }
+                    if buf.len() >= self.cfg.delta_max_bytes {
+                        let ok = self.flush(store, &mut buf).await;
+                        if !ok && buf.len() >= self.cfg.delta_max_bytes {
+                            tracing::error!(bytes = buf.len(), "delta buffer full and the store is failing: dropping it; a full snapshot follows once the store is back");
+                            drop(buf.take());
+                            return Outcome::NeedFull;
+                        }
+                    }
+                    self.status.send_modify(|s| {
+                        s.pending_delta_bytes = buf.len() as u64;
+                        s.pending_delta_events = buf.pending_events();
+                    });
+                }
+            }
+        }
+    }
+
+    async fn full_during_stream(
+        &mut self,
+        client: &mut Client,
+        store: &Store,
+        buf: &mut DeltaBuffer,
+    ) -> Option<Outcome> {
+        // Close the old chain first; whatever cannot be uploaded is inside the new full anyway.
+        self.flush(store, buf).await;
+        match self.take_full(client, store).await {
+            Ok(rev) => {
+                let seen = buf.last();
+                drop(buf.take());
+                *buf = DeltaBuffer::new(rev, seen);
+                None
+            }
+            Err(()) => None,
+        }
+    }
+
+    /// Groups a watch response's events by revision into the buffer; records lease TTLs.
+    async fn append(
+        &mut self,
+        client: &mut Client,
+        buf: &mut DeltaBuffer,
+        events: &[etcd_client::Event],
+    ) -> Result<(), Outcome> {
+        let mut current: Option<Revision> = None;
+        for ev in events {
+            let Some(kv) = ev.kv() else { continue };
+            let rev = kv.mod_revision();
+            let kind = match ev.event_type() {
+                EtcdEventType::Put => EventType::Put,
+                EtcdEventType::Delete => EventType::Delete,
+            };
+            if kind == EventType::Put && buf.needs_lease(kv.lease()) {
+                let granted_ttl = match client.lease_time_to_live(kv.lease(), None).await {
+                    Ok(r) => r.granted_ttl(),
+                    Err(_) => -1,
+                };
+                buf.push_lease(Lease {
+                    id: kv.lease(),
+                    granted_ttl,
+                });
+            }
+            let event = Event {
+                kind,
+                key: kv.key().to_vec(),
+                value: kv.value().to_vec(),
+                lease: kv.lease(),
+                create_revision: kv.create_revision(),
+                version: kv.version(),
+            };
+            match current.as_mut() {
+                Some(r) if r.revision == rev => r.events.push(event),
+                _ => {
+                    if let Some(done) = current.take() {
+                        self.push(buf, &done)?;
+                    }
+                    current = Some(Revision {
+                        revision: rev,
+                        events: vec![event],
+                    });
+                }
+            }
+        }
+        if let Some(done) = current.take() {
+            self.push(buf, &done)?;
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, buf: &mut DeltaBuffer, rev: &Revision) -> Result<(), Outcome> {
+        match buf.push(rev) {
+            Ok(_) => Ok(()),
+            Err(gap) => {
+                self.failed("delta", "gap", &gap);
+                Err(Outcome::NeedFull)
+            }
+        }
+    }
+}
+
+/// Parses `--full-snapshot-schedule` (5 fields, or 6 with seconds).
+pub fn parse_cron(s: &str) -> Result<croner::Cron, String> {
+    croner::parser::CronParser::builder()
+        .seconds(croner::parser::Seconds::Optional)
+        .build()
+        .parse(s)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cron_parsing() {
+        assert!(parse_cron("0 * * * *").is_ok());
+        assert!(parse_cron("*/10 * * * * *").is_ok());
+        assert!(parse_cron("every hour").is_err());
+    }
+}

@@ -1,0 +1,142 @@
+//! Streaming compression and decompression in push style: bytes go in as they arrive from etcd or
+//! from the store, compressed (or plain) bytes are taken out as they are produced. Nothing holds
+//! more than the codec's window plus what the caller has not taken yet.
+
+use std::io::{self, Write};
+
+use crate::store::layout::Compression;
+
+/// zstd level: 3 is zstd's default, fast enough to keep up with etcd's snapshot stream on one core.
+pub const ZSTD_LEVEL: i32 = 3;
+
+pub enum Compressor {
+    Zstd(zstd::stream::write::Encoder<'static, Vec<u8>>),
+    Gzip(flate2::write::GzEncoder<Vec<u8>>),
+    None(Vec<u8>),
+}
+
+impl Compressor {
+    pub fn new(c: Compression) -> io::Result<Self> {
+        Ok(match c {
+            Compression::Zstd => {
+                let mut e = zstd::stream::write::Encoder::new(Vec::new(), ZSTD_LEVEL)?;
+                e.include_checksum(true)?;
+                Self::Zstd(e)
+            }
+            Compression::Gzip => Self::Gzip(flate2::write::GzEncoder::new(
+                Vec::new(),
+                flate2::Compression::fast(),
+            )),
+            Compression::None => Self::None(Vec::new()),
+        })
+    }
+
+    pub fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        match self {
+            Self::Zstd(e) => e.write_all(data),
+            Self::Gzip(e) => e.write_all(data),
+            Self::None(v) => {
+                v.extend_from_slice(data);
+                Ok(())
+            }
+        }
+    }
+
+    /// Output produced so far.
+    pub fn take(&mut self) -> Vec<u8> {
+        match self {
+            Self::Zstd(e) => std::mem::take(e.get_mut()),
+            Self::Gzip(e) => std::mem::take(e.get_mut()),
+            Self::None(v) => std::mem::take(v),
+        }
+    }
+
+    /// Ends the stream; returns the remaining output.
+    pub fn finish(self) -> io::Result<Vec<u8>> {
+        match self {
+            Self::Zstd(e) => e.finish(),
+            Self::Gzip(e) => e.finish(),
+            Self::None(v) => Ok(v),
+        }
+    }
+}
+
+pub enum Decompressor {
+    Zstd(zstd::stream::write::Decoder<'static, Vec<u8>>),
+    Gzip(flate2::write::GzDecoder<Vec<u8>>),
+    None(Vec<u8>),
+}
+
+impl Decompressor {
+    pub fn new(c: Compression) -> io::Result<Self> {
+        Ok(match c {
+            Compression::Zstd => Self::Zstd(zstd::stream::write::Decoder::new(Vec::new())?),
+            Compression::Gzip => Self::Gzip(flate2::write::GzDecoder::new(Vec::new())),
+            Compression::None => Self::None(Vec::new()),
+        })
+    }
+
+    pub fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        match self {
+            Self::Zstd(d) => d.write_all(data),
+            Self::Gzip(d) => d.write_all(data),
+            Self::None(v) => {
+                v.extend_from_slice(data);
+                Ok(())
+            }
+        }
+    }
+
+    pub fn take(&mut self) -> Vec<u8> {
+        match self {
+            Self::Zstd(d) => std::mem::take(d.get_mut()),
+            Self::Gzip(d) => std::mem::take(d.get_mut()),
+            Self::None(v) => std::mem::take(v),
+        }
+    }
+
+    /// Ends the stream: fails if the compressed data stopped short of its end.
+    pub fn finish(self) -> io::Result<Vec<u8>> {
+        match self {
+            Self::Zstd(mut d) => {
+                d.flush()?;
+                let out = d.into_inner();
+                Ok(out)
+            }
+            Self::Gzip(d) => d.finish(),
+            Self::None(v) => Ok(v),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_in_small_pushes() {
+        let data: Vec<u8> = (0..200_000u32)
+            .flat_map(|i| format!("{{\"k\":{i}}}").into_bytes())
+            .collect();
+        for c in [Compression::Zstd, Compression::Gzip, Compression::None] {
+            let mut comp = Compressor::new(c).unwrap();
+            let mut packed = Vec::new();
+            for chunk in data.chunks(7777) {
+                comp.write(chunk).unwrap();
+                packed.extend(comp.take());
+            }
+            packed.extend(comp.finish().unwrap());
+            if c != Compression::None {
+                assert!(packed.len() < data.len() / 2, "{c:?} did not compress");
+            }
+            let mut de = Decompressor::new(c).unwrap();
+            let mut out = Vec::new();
+            for chunk in packed.chunks(999) {
+                de.write(chunk).unwrap();
+                out.extend(de.take());
+            }
+            out.extend(de.finish().unwrap());
+            assert_eq!(out, data, "{c:?}");
+        }
+    }
+}

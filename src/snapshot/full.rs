@@ -1,0 +1,229 @@
+//! Full snapshots: etcd's Maintenance.Snapshot stream → etcd's own sha256 check → compression →
+//! multipart upload, all streaming. Memory holds one etcd message, the codec's window and at most
+//! `UPLOAD_CONCURRENCY` upload parts, whatever the database size; no temp file.
+//!
+//! The upload is completed only when etcd's trailer checks out; otherwise it is aborted and nothing
+//! becomes visible. The revision in the name is read *before* the stream starts: etcd commits its
+//! pending batch before it opens the snapshot's read transaction, so the snapshot holds at least that
+//! revision (a proven lower bound, never a claim of more than it holds). The delta chain starts right
+//! after it and may overlap the snapshot; restore skips events the snapshot already holds.
+
+use std::time::{Duration, Instant};
+
+use etcd_client::Client;
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+use super::compress::Compressor;
+use crate::store::Store;
+use crate::store::format::{Footer, FormatError, Header, ObjectWriter};
+use crate::store::layout::{self, Compression, Encryption, Kind, SnapshotName};
+
+#[derive(Debug, Error)]
+pub enum SnapshotError {
+    #[error("{what} from etcd")]
+    Etcd {
+        what: &'static str,
+        #[source]
+        source: etcd_client::Error,
+    },
+    #[error(
+        "etcd's snapshot stream failed its checksum after {bytes} bytes (truncated or corrupt); upload aborted"
+    )]
+    Checksum { bytes: u64 },
+    #[error("compress the snapshot")]
+    Compress(#[source] std::io::Error),
+    #[error(transparent)]
+    Store(#[from] FormatError),
+}
+
+impl SnapshotError {
+    /// A bounded label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Etcd { .. } => "etcd",
+            Self::Checksum { .. } => "checksum",
+            Self::Compress(_) => "compress",
+            Self::Store(FormatError::Write { .. }) | Self::Store(FormatError::Read { .. }) => "store",
+            Self::Store(FormatError::Corrupt { .. }) => "corrupt",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct FullResult {
+    pub name: SnapshotName,
+    pub raw_bytes: u64,
+    pub stored_bytes: u64,
+    pub duration: Duration,
+    pub revision_after: i64,
+}
+
+/// Checks etcd's trailer: the last 32 bytes of the stream are the sha256 of everything before.
+#[derive(Default)]
+pub struct TrailerCheck {
+    hasher: Sha256,
+    tail: Vec<u8>,
+    total: u64,
+}
+
+impl TrailerCheck {
+    pub fn update(&mut self, data: &[u8]) {
+        self.total += data.len() as u64;
+        if data.len() >= 32 {
+            self.hasher.update(&self.tail);
+            self.hasher.update(&data[..data.len() - 32]);
+            self.tail.clear();
+            self.tail.extend_from_slice(&data[data.len() - 32..]);
+        } else {
+            self.tail.extend_from_slice(data);
+            if self.tail.len() > 32 {
+                let extra = self.tail.len() - 32;
+                self.hasher.update(&self.tail[..extra]);
+                self.tail.drain(..extra);
+            }
+        }
+    }
+
+    /// The database's sha256 (hex) if the trailer matches.
+    pub fn verify(self) -> Option<String> {
+        if self.tail.len() != 32 {
+            return None;
+        }
+        let digest = self.hasher.finalize();
+        (digest.as_slice() == self.tail.as_slice()).then(|| hex::encode(digest))
+    }
+}
+
+fn etcd(what: &'static str) -> impl FnOnce(etcd_client::Error) -> SnapshotError {
+    move |source| SnapshotError::Etcd { what, source }
+}
+
+/// Takes one full snapshot of the etcd behind `client` into `store`.
+pub async fn take_full(
+    client: &mut Client,
+    store: &Store,
+    compression: Compression,
+    is_final: bool,
+) -> Result<FullResult, SnapshotError> {
+    let started = Instant::now();
+    let status = client.status().await.map_err(etcd("read the revision"))?;
+    let hdr = status.header().cloned();
+    let revision = hdr.as_ref().map(|h| h.revision()).unwrap_or(0);
+    let name = SnapshotName {
+        kind: Kind::Full { revision, is_final },
+        created_ms: layout::now_ms(),
+        compression,
+        encryption: Encryption::Plain,
+    };
+    let header = Header {
+        format: 1,
+        kind: "full".into(),
+        revision: Some(revision),
+        base: None,
+        first: None,
+        last: None,
+        created: humantime::format_rfc3339_millis(name.created()).to_string(),
+        compression,
+        encryption: Encryption::Plain,
+        is_final,
+        cluster_id: hdr.as_ref().map(|h| h.cluster_id()).unwrap_or(0),
+        member_id: hdr.as_ref().map(|h| h.member_id()).unwrap_or(0),
+        etcd_version: status.version().to_owned(),
+        writer: concat!("etcd-warden ", env!("CARGO_PKG_VERSION")).into(),
+    };
+    let key = name.key();
+    let span = tracing::info_span!("full_snapshot", key = %key, revision);
+    let _enter = span.enter();
+    drop(_enter);
+
+    // Open etcd's stream first: if it cannot start, no upload is created at all.
+    let mut stream = client
+        .snapshot()
+        .await
+        .map_err(etcd("start the snapshot stream"))?;
+    let mut writer = ObjectWriter::begin(store.inner.clone(), &key, &header).await?;
+    let body = async {
+        let mut comp = Compressor::new(compression).map_err(SnapshotError::Compress)?;
+        let mut check = TrailerCheck::default();
+        while let Some(msg) = stream.message().await.map_err(etcd("read the snapshot stream"))? {
+            let blob = msg.blob();
+            check.update(blob);
+            comp.write(blob).map_err(SnapshotError::Compress)?;
+            let out = comp.take();
+            writer.payload(&out).await?;
+        }
+        let raw = check.total;
+        let sha = check.verify().ok_or(SnapshotError::Checksum { bytes: raw })?;
+        let out = comp.finish().map_err(SnapshotError::Compress)?;
+        writer.payload(&out).await?;
+        Ok::<_, SnapshotError>((raw, sha))
+    }
+    .await;
+    let (raw_bytes, sha) = match body {
+        Ok(v) => v,
+        Err(err) => {
+            writer.abort().await;
+            return Err(err);
+        }
+    };
+    let revision_after = client
+        .status()
+        .await
+        .ok()
+        .and_then(|s| s.header().map(|h| h.revision()))
+        .unwrap_or(revision);
+    let footer = Footer {
+        raw_bytes,
+        etcd_sha256: Some(sha),
+        revision_after: Some(revision_after),
+        revisions: None,
+        events: None,
+    };
+    let stored_bytes = writer.finish(&footer).await?;
+    let duration = started.elapsed();
+    tracing::info!(
+        key = %key,
+        revision,
+        raw_bytes,
+        stored_bytes,
+        duration_ms = duration.as_millis() as u64,
+        "full snapshot uploaded"
+    );
+    Ok(FullResult {
+        name,
+        raw_bytes,
+        stored_bytes,
+        duration,
+        revision_after,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trailer_check_any_chunking() {
+        let db: Vec<u8> = (0..100_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        let mut stream = db.clone();
+        stream.extend_from_slice(&Sha256::digest(&db));
+        for chunk in [1, 5, 31, 32, 33, 4096, stream.len()] {
+            let mut c = TrailerCheck::default();
+            for part in stream.chunks(chunk) {
+                c.update(part);
+            }
+            assert_eq!(
+                c.verify(),
+                Some(hex::encode(Sha256::digest(&db))),
+                "chunk {chunk}"
+            );
+        }
+        let mut c = TrailerCheck::default();
+        c.update(&stream[..stream.len() - 1]);
+        assert_eq!(c.verify(), None, "truncated stream accepted");
+        let mut c = TrailerCheck::default();
+        c.update(&db);
+        assert_eq!(c.verify(), None, "stream without trailer accepted");
+    }
+}

@@ -1,0 +1,292 @@
+//! The snapshot object format: self-verifying, streamable both ways.
+//!
+//!     "EWARDEN1" | u32 header_len | header JSON | payload (compressed) | footer JSON | trailer
+//!     trailer (52 bytes) = u32 footer_len | u64 payload_len | sha256(payload) | "EWEND001"
+//!
+//! The header is known before the first payload byte; the digest and what is only known at the end
+//! (sizes, etcd's own checksum, event counts) go in the footer and trailer. All integers are little
+//! endian. An object is written through a multipart upload that is completed only after the trailer,
+//! so it is never visible under its name half-written. docs/FORMAT.md is the reference.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use object_store::buffered::BufWriter;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+use tokio::io::AsyncWriteExt;
+
+use super::layout::{Compression, Encryption};
+
+pub const MAGIC: &[u8; 8] = b"EWARDEN1";
+pub const END_MAGIC: &[u8; 8] = b"EWEND001";
+pub const TRAILER_LEN: usize = 52;
+/// Upload part size: the most a snapshot upload buffers (times the concurrency).
+pub const PART_SIZE: usize = 8 * 1024 * 1024;
+pub const UPLOAD_CONCURRENCY: usize = 2;
+
+/// Written before the payload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    pub format: u32,
+    /// "full" or "delta".
+    pub kind: String,
+    /// Full: a proven lower bound of the revision the snapshot holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+    /// Delta: the chain's full snapshot revision, and the revisions covered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<i64>,
+    pub created: String,
+    pub compression: Compression,
+    pub encryption: Encryption,
+    #[serde(default)]
+    pub is_final: bool,
+    #[serde(default)]
+    pub cluster_id: u64,
+    #[serde(default)]
+    pub member_id: u64,
+    #[serde(default)]
+    pub etcd_version: String,
+    pub writer: String,
+}
+
+/// Written after the payload.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Footer {
+    /// Uncompressed payload bytes.
+    pub raw_bytes: u64,
+    /// Full: etcd's own sha256 of the database (the last 32 bytes of its snapshot stream), hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_sha256: Option<String>,
+    /// Full: the revision read after the stream ended (an upper bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision_after: Option<i64>,
+    /// Delta: number of revisions and events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revisions: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<u64>,
+}
+
+#[derive(Debug, Error)]
+pub enum FormatError {
+    #[error("write {key}")]
+    Write {
+        key: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("read {key}")]
+    Read {
+        key: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("{key}: {reason}")]
+    Corrupt { key: String, reason: String },
+}
+
+/// Streams one object into the store; nothing is visible until [`ObjectWriter::finish`].
+pub struct ObjectWriter {
+    key: String,
+    out: BufWriter,
+    hasher: Sha256,
+    payload_len: u64,
+}
+
+impl ObjectWriter {
+    pub async fn begin(store: Arc<dyn ObjectStore>, key: &str, header: &Header) -> Result<Self, FormatError> {
+        let out = BufWriter::with_capacity(store, Path::from(key), PART_SIZE)
+            .with_max_concurrency(UPLOAD_CONCURRENCY);
+        let mut w = Self {
+            key: key.to_owned(),
+            out,
+            hasher: Sha256::new(),
+            payload_len: 0,
+        };
+        let json = serde_json::to_vec(header).expect("header serializes");
+        let mut head = Vec::with_capacity(12 + json.len());
+        head.extend_from_slice(MAGIC);
+        head.extend_from_slice(&(json.len() as u32).to_le_bytes());
+        head.extend_from_slice(&json);
+        w.raw(&head).await?;
+        Ok(w)
+    }
+
+    async fn raw(&mut self, b: &[u8]) -> Result<(), FormatError> {
+        self.out.write_all(b).await.map_err(|source| FormatError::Write {
+            key: self.key.clone(),
+            source,
+        })
+    }
+
+    /// Appends payload bytes (already compressed).
+    pub async fn payload(&mut self, b: &[u8]) -> Result<(), FormatError> {
+        if b.is_empty() {
+            return Ok(());
+        }
+        self.hasher.update(b);
+        self.payload_len += b.len() as u64;
+        self.raw(b).await
+    }
+
+    /// Writes footer and trailer and completes the upload: only now does the object appear.
+    /// Returns the object's total size.
+    pub async fn finish(mut self, footer: &Footer) -> Result<u64, FormatError> {
+        let json = serde_json::to_vec(footer).expect("footer serializes");
+        let digest = std::mem::take(&mut self.hasher).finalize();
+        let mut tail = Vec::with_capacity(json.len() + TRAILER_LEN);
+        tail.extend_from_slice(&json);
+        tail.extend_from_slice(&(json.len() as u32).to_le_bytes());
+        tail.extend_from_slice(&self.payload_len.to_le_bytes());
+        tail.extend_from_slice(&digest);
+        tail.extend_from_slice(END_MAGIC);
+        self.raw(&tail).await?;
+        self.out.shutdown().await.map_err(|source| FormatError::Write {
+            key: self.key.clone(),
+            source,
+        })?;
+        Ok(self.payload_len + json.len() as u64 + TRAILER_LEN as u64)
+    }
+
+    /// Abandons the upload: nothing becomes visible (multipart parts are discarded).
+    pub async fn abort(mut self) {
+        if let Err(err) = self.out.abort().await {
+            tracing::debug!(key = %self.key, error = %err, "abort of an unfinished upload failed");
+        }
+    }
+}
+
+/// What reading an object end to end proved.
+#[derive(Debug, Clone)]
+pub struct Verified {
+    pub header: Header,
+    pub footer: Footer,
+    pub size: u64,
+    pub payload_len: u64,
+}
+
+/// Reads an object from start to end, handing each payload chunk to `sink`, and checks framing
+/// and digest. `sink` sees every payload byte exactly once, in order, before the digest is checked:
+/// callers must not trust what they got until this returns `Ok`.
+pub async fn read_object<F>(store: &dyn ObjectStore, key: &str, mut sink: F) -> Result<Verified, FormatError>
+where
+    F: FnMut(&Header, &[u8]) -> Result<(), String>,
+{
+    let corrupt = |reason: String| FormatError::Corrupt {
+        key: key.to_owned(),
+        reason,
+    };
+    let read_err = |source| FormatError::Read {
+        key: key.to_owned(),
+        source,
+    };
+    let path = Path::from(key);
+    let meta = store.head(&path).await.map_err(read_err)?;
+    let size = meta.size;
+    if size < (12 + TRAILER_LEN) as u64 {
+        return Err(corrupt(format!("only {size} bytes")));
+    }
+    let trailer = store
+        .get_range(&path, size - TRAILER_LEN as u64..size)
+        .await
+        .map_err(read_err)?;
+    if &trailer[44..52] != END_MAGIC {
+        return Err(corrupt("no end marker (incomplete object)".into()));
+    }
+    let footer_len = u32::from_le_bytes(trailer[0..4].try_into().expect("4 bytes")) as u64;
+    let payload_len = u64::from_le_bytes(trailer[4..12].try_into().expect("8 bytes"));
+    let digest: [u8; 32] = trailer[12..44].try_into().expect("32 bytes");
+    let payload_end = size
+        .checked_sub(TRAILER_LEN as u64 + footer_len)
+        .ok_or_else(|| corrupt("footer longer than the object".into()))?;
+    let footer_bytes = store
+        .get_range(&path, payload_end..size - TRAILER_LEN as u64)
+        .await
+        .map_err(read_err)?;
+    let footer: Footer = serde_json::from_slice(&footer_bytes)
+        .map_err(|e| corrupt(format!("footer is not valid JSON: {e}")))?;
+
+    let mut stream = store
+        .get_opts(
+            &path,
+            object_store::GetOptions {
+                range: Some((0..payload_end).into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(read_err)?
+        .into_stream();
+    let mut prefix: Vec<u8> = Vec::new();
+    let mut header: Option<(Header, u64)> = None; // header and payload start offset
+    let mut pos: u64 = 0;
+    let mut hasher = Sha256::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk: Bytes = chunk.map_err(read_err)?;
+        let mut data: &[u8] = &chunk;
+        if header.is_none() {
+            prefix.extend_from_slice(data);
+            if prefix.len() < 12 {
+                pos += data.len() as u64;
+                continue;
+            }
+            if &prefix[0..8] != MAGIC {
+                return Err(corrupt("not an etcd-warden snapshot (bad magic)".into()));
+            }
+            let hlen = u32::from_le_bytes(prefix[8..12].try_into().expect("4 bytes")) as usize;
+            if prefix.len() < 12 + hlen {
+                pos += data.len() as u64;
+                continue;
+            }
+            let h: Header = serde_json::from_slice(&prefix[12..12 + hlen])
+                .map_err(|e| corrupt(format!("header is not valid JSON: {e}")))?;
+            let start = (12 + hlen) as u64;
+            let consumed_before = pos;
+            pos += data.len() as u64;
+            let skip = (start - consumed_before) as usize;
+            data = &data[skip.min(data.len())..];
+            header = Some((h, start));
+            prefix = Vec::new();
+            if data.is_empty() {
+                continue;
+            }
+            hasher.update(data);
+            let (h, _) = header.as_ref().expect("set above");
+            sink(h, data).map_err(corrupt)?;
+            continue;
+        }
+        pos += data.len() as u64;
+        hasher.update(data);
+        let (h, _) = header.as_ref().expect("set above");
+        sink(h, data).map_err(corrupt)?;
+    }
+    let (header, start) = header.ok_or_else(|| corrupt("object ends inside its header".into()))?;
+    if pos != payload_end {
+        return Err(corrupt(format!("read {pos} bytes, expected {payload_end}")));
+    }
+    if payload_end - start != payload_len {
+        return Err(corrupt(format!(
+            "payload is {} bytes, trailer says {payload_len}",
+            payload_end - start
+        )));
+    }
+    if hasher.finalize().as_slice() != digest {
+        return Err(corrupt("payload digest mismatch".into()));
+    }
+    Ok(Verified {
+        header,
+        footer,
+        size,
+        payload_len,
+    })
+}

@@ -1,0 +1,332 @@
+//! Key layout of the backup store: pure functions from a snapshot's facts to its object key and back.
+//!
+//!     <prefix>/v1/full/full-<rev>-<created>-<compression>-<encryption>[-final].ews
+//!     <prefix>/v1/delta/<base>/delta-<first>-<last>-<created>-<compression>-<encryption>.ews
+//!
+//! Revisions are 20-digit zero-padded decimals and `created` is UTC `YYYYMMDDTHHMMSSmmmZ`, so names
+//! sort sensibly in listings, but ordering always uses the parsed numbers. Deltas live under the
+//! revision of the full snapshot they extend (`base`), so finding a chain lists only that chain and
+//! the cost of a listing never grows with the bucket. docs/FORMAT.md is the reference.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use thiserror::Error;
+
+pub const VERSION_DIR: &str = "v1";
+pub const EXTENSION: &str = "ews";
+
+/// Payload compression.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    Zstd,
+    Gzip,
+    None,
+}
+
+impl Compression {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Zstd => "zstd",
+            Self::Gzip => "gzip",
+            Self::None => "none",
+        }
+    }
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "zstd" => Self::Zstd,
+            "gzip" => Self::Gzip,
+            "none" => Self::None,
+            _ => return None,
+        })
+    }
+}
+
+/// Payload encryption (`age` arrives with part 5; `plain` today).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Encryption {
+    Plain,
+    Age,
+}
+
+impl Encryption {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Plain => "plain",
+            Self::Age => "age",
+        }
+    }
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "plain" => Self::Plain,
+            "age" => Self::Age,
+            _ => return None,
+        })
+    }
+}
+
+/// What a snapshot object holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// etcd's database as of at least `revision` (a proven lower bound; see docs/FORMAT.md).
+    Full { revision: i64, is_final: bool },
+    /// Every event of revisions `first..=last`, extending the chain of the full snapshot at `base`.
+    Delta { base: i64, first: i64, last: i64 },
+}
+
+/// A snapshot's identity, as encoded in its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SnapshotName {
+    pub kind: Kind,
+    /// Creation time, millisecond precision.
+    pub created_ms: u64,
+    pub compression: Compression,
+    pub encryption: Encryption,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("not a snapshot key: {key:?} ({reason})")]
+pub struct ParseError {
+    pub key: String,
+    pub reason: &'static str,
+}
+
+impl SnapshotName {
+    pub fn created(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.created_ms)
+    }
+
+    /// The highest revision this object covers.
+    pub fn last_revision(&self) -> i64 {
+        match self.kind {
+            Kind::Full { revision, .. } => revision,
+            Kind::Delta { last, .. } => last,
+        }
+    }
+
+    pub fn is_full(&self) -> bool {
+        matches!(self.kind, Kind::Full { .. })
+    }
+
+    /// The key relative to the store's prefix.
+    pub fn key(&self) -> String {
+        let created = format_time(self.created_ms);
+        let (c, e) = (self.compression.as_str(), self.encryption.as_str());
+        match self.kind {
+            Kind::Full { revision, is_final } => {
+                let fin = if is_final { "-final" } else { "" };
+                format!("{VERSION_DIR}/full/full-{revision:020}-{created}-{c}-{e}{fin}.{EXTENSION}")
+            }
+            Kind::Delta { base, first, last } => {
+                format!(
+                    "{VERSION_DIR}/delta/{base:020}/delta-{first:020}-{last:020}-{created}-{c}-{e}.{EXTENSION}"
+                )
+            }
+        }
+    }
+
+    /// Parses a key relative to the store's prefix.
+    pub fn parse(key: &str) -> Result<Self, ParseError> {
+        let err = |reason| ParseError {
+            key: key.to_owned(),
+            reason,
+        };
+        let rest = key
+            .strip_prefix(VERSION_DIR)
+            .and_then(|r| r.strip_prefix('/'))
+            .ok_or(err("outside v1/"))?;
+        let stem = rest
+            .strip_suffix(&format!(".{EXTENSION}"))
+            .ok_or(err("extension is not .ews"))?;
+        let num = |s: &str| -> Result<i64, ParseError> {
+            if s.len() != 20 || !s.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(err("revision is not 20 digits"));
+            }
+            s.parse().map_err(|_| err("revision out of range"))
+        };
+        if let Some(file) = stem.strip_prefix("full/full-") {
+            let parts: Vec<&str> = file.split('-').collect();
+            let (is_final, parts) = match parts.as_slice() {
+                [head @ .., "final"] if head.len() == 4 => (true, head.to_vec()),
+                p if p.len() == 4 => (false, p.to_vec()),
+                _ => return Err(err("full snapshot name has the wrong number of fields")),
+            };
+            Ok(Self {
+                kind: Kind::Full {
+                    revision: num(parts[0])?,
+                    is_final,
+                },
+                created_ms: parse_time(parts[1]).ok_or(err("bad creation time"))?,
+                compression: Compression::parse(parts[2]).ok_or(err("unknown compression"))?,
+                encryption: Encryption::parse(parts[3]).ok_or(err("unknown encryption"))?,
+            })
+        } else if let Some(rest) = stem.strip_prefix("delta/") {
+            let (base, file) = rest
+                .split_once('/')
+                .ok_or(err("delta outside its chain directory"))?;
+            let file = file
+                .strip_prefix("delta-")
+                .ok_or(err("delta name does not start with delta-"))?;
+            let parts: Vec<&str> = file.split('-').collect();
+            if parts.len() != 5 {
+                return Err(err("delta name has the wrong number of fields"));
+            }
+            let (base, first, last) = (num(base)?, num(parts[0])?, num(parts[1])?);
+            if first > last || first <= base {
+                return Err(err("delta revision range is inconsistent"));
+            }
+            Ok(Self {
+                kind: Kind::Delta { base, first, last },
+                created_ms: parse_time(parts[2]).ok_or(err("bad creation time"))?,
+                compression: Compression::parse(parts[3]).ok_or(err("unknown compression"))?,
+                encryption: Encryption::parse(parts[4]).ok_or(err("unknown encryption"))?,
+            })
+        } else {
+            Err(err("neither full/ nor delta/"))
+        }
+    }
+}
+
+impl fmt::Display for SnapshotName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.key())
+    }
+}
+
+/// The directory listing all full snapshots.
+pub fn full_dir() -> String {
+    format!("{VERSION_DIR}/full")
+}
+
+/// The directory holding the deltas of the chain based on the full snapshot at `base`.
+pub fn delta_dir(base: i64) -> String {
+    format!("{VERSION_DIR}/delta/{base:020}")
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// `YYYYMMDDTHHMMSSmmmZ` from Unix milliseconds.
+pub fn format_time(ms: u64) -> String {
+    let t = UNIX_EPOCH + Duration::from_millis(ms);
+    let s = humantime::format_rfc3339_millis(t).to_string(); // 2026-11-29T16:30:00.123Z
+    s.chars().filter(|c| !matches!(c, '-' | ':' | '.')).collect()
+}
+
+fn parse_time(s: &str) -> Option<u64> {
+    // 20261129T163000123Z → 2026-11-29T16:30:00.123Z
+    let b = s.as_bytes();
+    if b.len() != 19 || b[8] != b'T' || b[18] != b'Z' {
+        return None;
+    }
+    let rfc = format!(
+        "{}-{}-{}T{}:{}:{}.{}Z",
+        &s[0..4],
+        &s[4..6],
+        &s[6..8],
+        &s[9..11],
+        &s[11..13],
+        &s[13..15],
+        &s[15..18]
+    );
+    let t = humantime::parse_rfc3339(&rfc).ok()?;
+    Some(t.duration_since(UNIX_EPOCH).ok()?.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Vec<SnapshotName> {
+        let mut v = Vec::new();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for i in 0..500u64 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let rev = (seed >> 20) as i64 % 10_000_000_000 + 1;
+            let created_ms = 1_600_000_000_000 + (seed % 400_000_000_000);
+            let compression = [Compression::Zstd, Compression::Gzip, Compression::None][(i % 3) as usize];
+            let encryption = if i % 5 == 0 {
+                Encryption::Age
+            } else {
+                Encryption::Plain
+            };
+            let kind = if i % 2 == 0 {
+                Kind::Full {
+                    revision: rev,
+                    is_final: i % 4 == 0,
+                }
+            } else {
+                Kind::Delta {
+                    base: rev,
+                    first: rev + 1,
+                    last: rev + 1 + (seed % 1000) as i64,
+                }
+            };
+            v.push(SnapshotName {
+                kind,
+                created_ms,
+                compression,
+                encryption,
+            });
+        }
+        v
+    }
+
+    #[test]
+    fn parse_format_round_trip() {
+        for n in names() {
+            assert_eq!(SnapshotName::parse(&n.key()), Ok(n), "{}", n.key());
+        }
+    }
+
+    #[test]
+    fn known_names() {
+        let n = SnapshotName {
+            kind: Kind::Full {
+                revision: 42,
+                is_final: true,
+            },
+            created_ms: 1_795_969_800_123,
+            compression: Compression::Zstd,
+            encryption: Encryption::Plain,
+        };
+        assert_eq!(
+            n.key(),
+            "v1/full/full-00000000000000000042-20261129T163000123Z-zstd-plain-final.ews"
+        );
+        let d = SnapshotName {
+            kind: Kind::Delta {
+                base: 42,
+                first: 43,
+                last: 99,
+            },
+            ..n
+        };
+        assert_eq!(
+            d.key(),
+            "v1/delta/00000000000000000042/delta-00000000000000000043-00000000000000000099-20261129T163000123Z-zstd-plain.ews"
+        );
+    }
+
+    #[test]
+    fn rejects_foreign_keys() {
+        for k in [
+            "v1/full/full-42-20261129T163000123Z-zstd-plain.ews",
+            "v1/full/full-00000000000000000042-20261129T163000123Z-brotli-plain.ews",
+            "v1/full/full-00000000000000000042-20261129T163000123Z-zstd-plain.tmp",
+            "v2/full/full-00000000000000000042-20261129T163000123Z-zstd-plain.ews",
+            "v1/delta/00000000000000000042/delta-00000000000000000040-00000000000000000099-20261129T163000123Z-zstd-plain.ews",
+            "v1/other/x.ews",
+        ] {
+            assert!(SnapshotName::parse(k).is_err(), "{k}");
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! Which snapshots to delete: a pure function of what is in the store, the clock and the policy.
+//!
+//! Rules, in order of strength:
+//! 1. The newest full snapshot (by revision) and every delta of its chain are never deleted.
+//! 2. `last:N` keeps the N newest full snapshots.
+//! 3. `exponential` keeps every full from the last hour, the newest one of each hour for a day, of
+//!    each day for a week and of each week for four weeks.
+//! 4. Deltas are kept for the newest chain and for chains whose full is younger than one hour (the
+//!    point-in-time window); older kept chains keep their full only. Deltas whose full is gone (or
+//!    was never uploaded) go once a newer full exists.
+//!
+//! Deletion never races an upload: the backup loop runs retention between its own uploads.
+
+use std::collections::{BTreeMap, HashSet};
+use std::str::FromStr;
+use std::time::Duration;
+
+use super::layout::{Kind, SnapshotName};
+
+const HOUR_MS: u64 = 3_600_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// All for `keep_all`, then hourly/daily/weekly buckets.
+    Exponential {
+        keep_all: Duration,
+        hours: u64,
+        days: u64,
+        weeks: u64,
+    },
+    /// The newest N full snapshots.
+    Last(usize),
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self::Exponential {
+            keep_all: Duration::from_secs(3600),
+            hours: 24,
+            days: 7,
+            weeks: 4,
+        }
+    }
+}
+
+impl FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "exponential" {
+            return Ok(Self::default());
+        }
+        if let Some(n) = s.strip_prefix("last:") {
+            return match n.parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(Self::Last(n)),
+                _ => Err(format!("{s:?}: last:N needs N ≥ 1 (write e.g. last:24)")),
+            };
+        }
+        Err(format!("{s:?}: unknown retention (use exponential or last:N)"))
+    }
+}
+
+/// Keys to delete, given every full snapshot and every delta chain in the store.
+pub fn plan(
+    fulls: &[SnapshotName],
+    chains: &BTreeMap<i64, Vec<SnapshotName>>,
+    now_ms: u64,
+    policy: Policy,
+) -> Vec<String> {
+    let mut by_rev: Vec<&SnapshotName> = fulls.iter().collect();
+    by_rev.sort_by_key(|n| (n.last_revision(), n.created_ms));
+    let Some(newest) = by_rev.last().copied() else {
+        return Vec::new(); // nothing to anchor on: delete nothing
+    };
+    let mut keep: HashSet<String> = HashSet::new();
+    keep.insert(newest.key());
+    let newest_rev = newest.last_revision();
+
+    match policy {
+        Policy::Last(n) => {
+            for f in by_rev.iter().rev().take(n) {
+                keep.insert(f.key());
+            }
+        }
+        Policy::Exponential {
+            keep_all,
+            hours,
+            days,
+            weeks,
+        } => {
+            let keep_all_ms = keep_all.as_millis() as u64;
+            let mut buckets: HashSet<(u8, u64)> = HashSet::new();
+            // Newest first, so the first full seen in a bucket is the one kept.
+            for f in by_rev.iter().rev() {
+                let age = now_ms.saturating_sub(f.created_ms);
+                if age <= keep_all_ms {
+                    keep.insert(f.key());
+                    continue;
+                }
+                let spans = [
+                    (0u8, HOUR_MS, hours),
+                    (1, 24 * HOUR_MS, days),
+                    (2, 7 * 24 * HOUR_MS, weeks),
+                ];
+                for (tier, width, count) in spans {
+                    if age <= width * count && buckets.insert((tier, f.created_ms / width)) {
+                        keep.insert(f.key());
+                    }
+                }
+            }
+        }
+    }
+
+    let pitr_ms = match policy {
+        Policy::Exponential { keep_all, .. } => keep_all.as_millis() as u64,
+        Policy::Last(_) => HOUR_MS,
+    };
+    let mut delete: Vec<String> = fulls
+        .iter()
+        .filter(|f| !keep.contains(&f.key()))
+        .map(|f| f.key())
+        .collect();
+    let kept_fulls: BTreeMap<i64, &SnapshotName> = fulls
+        .iter()
+        .filter(|f| keep.contains(&f.key()))
+        .map(|f| (f.last_revision(), f))
+        .collect();
+    for (base, deltas) in chains {
+        let keep_chain = if *base >= newest_rev {
+            true // the newest chain, or one started after it whose full is still uploading
+        } else {
+            kept_fulls
+                .get(base)
+                .is_some_and(|f| now_ms.saturating_sub(f.created_ms) <= pitr_ms)
+        };
+        if !keep_chain {
+            delete.extend(
+                deltas
+                    .iter()
+                    .filter(|d| matches!(d.kind, Kind::Delta { .. }))
+                    .map(|d| d.key()),
+            );
+        }
+    }
+    delete.sort();
+    delete
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::layout::{Compression, Encryption};
+
+    const NOW: u64 = 1_800_000_000_000;
+
+    fn full(rev: i64, age_ms: u64) -> SnapshotName {
+        SnapshotName {
+            kind: Kind::Full {
+                revision: rev,
+                is_final: false,
+            },
+            created_ms: NOW - age_ms,
+            compression: Compression::Zstd,
+            encryption: Encryption::Plain,
+        }
+    }
+
+    fn delta(base: i64, first: i64, last: i64, age_ms: u64) -> SnapshotName {
+        SnapshotName {
+            kind: Kind::Delta { base, first, last },
+            ..full(0, age_ms)
+        }
+    }
+
+    fn revs(fulls: &[SnapshotName], deleted: &[String]) -> Vec<i64> {
+        fulls
+            .iter()
+            .filter(|f| deleted.contains(&f.key()))
+            .map(|f| f.last_revision())
+            .collect()
+    }
+
+    #[test]
+    fn exponential_table() {
+        // One full every 30 minutes for 40 days, newest first (rev 10_000 is newest).
+        let fulls: Vec<SnapshotName> = (0..40 * 48u64)
+            .map(|i| full(10_000 - i as i64, i * HOUR_MS / 2))
+            .collect();
+        let deleted = plan(&fulls, &BTreeMap::new(), NOW, Policy::default());
+        let kept: Vec<&SnapshotName> = fulls.iter().filter(|f| !deleted.contains(&f.key())).collect();
+        // Last hour: ages 0, 30m, 60m → 3; then hourly for 24 h, daily for 7 d, weekly for 4 w.
+        let ages: Vec<u64> = kept
+            .iter()
+            .map(|f| (NOW - f.created_ms) / (HOUR_MS / 2))
+            .collect();
+        assert!(
+            ages.contains(&0) && ages.contains(&1) && ages.contains(&2),
+            "{ages:?}"
+        );
+        assert!(
+            kept.len() >= 3 + 20 && kept.len() <= 3 + 24 + 7 + 5,
+            "kept {} fulls: {ages:?}",
+            kept.len()
+        );
+        assert!(
+            kept.iter()
+                .all(|f| NOW - f.created_ms <= 28 * 24 * HOUR_MS + HOUR_MS),
+            "older than 4 weeks kept"
+        );
+        assert!(!deleted.contains(&fulls[0].key()), "newest deleted");
+    }
+
+    #[test]
+    fn newest_full_and_its_deltas_survive_everything() {
+        let fulls = vec![full(100, 90 * 24 * HOUR_MS), full(50, 91 * 24 * HOUR_MS)];
+        let mut chains = BTreeMap::new();
+        chains.insert(100, vec![delta(100, 101, 150, 89 * 24 * HOUR_MS)]);
+        chains.insert(50, vec![delta(50, 51, 99, 91 * 24 * HOUR_MS)]);
+        let deleted = plan(&fulls, &chains, NOW, Policy::Last(1));
+        assert_eq!(revs(&fulls, &deleted), vec![50]);
+        assert!(!deleted.contains(&chains[&100][0].key()));
+        assert!(deleted.contains(&chains[&50][0].key()));
+    }
+
+    #[test]
+    fn last_n_and_old_chains_lose_deltas_only() {
+        let fulls = vec![full(300, 0), full(200, 2 * HOUR_MS), full(100, 4 * HOUR_MS)];
+        let mut chains = BTreeMap::new();
+        chains.insert(200, vec![delta(200, 201, 299, 2 * HOUR_MS)]);
+        chains.insert(100, vec![delta(100, 101, 199, 4 * HOUR_MS)]);
+        chains.insert(300, vec![delta(300, 301, 310, 0)]);
+        let deleted = plan(&fulls, &chains, NOW, Policy::Last(2));
+        assert_eq!(revs(&fulls, &deleted), vec![100]);
+        assert!(
+            deleted.contains(&chains[&200][0].key()),
+            "deltas of a 2 h old chain kept"
+        );
+        assert!(deleted.contains(&chains[&100][0].key()));
+        assert!(!deleted.contains(&chains[&300][0].key()));
+    }
+
+    #[test]
+    fn chain_newer_than_newest_full_is_kept_and_empty_store_deletes_nothing() {
+        let fulls = vec![full(100, 0)];
+        let mut chains = BTreeMap::new();
+        chains.insert(120, vec![delta(120, 121, 130, 0)]);
+        assert!(plan(&fulls, &chains, NOW, Policy::Last(1)).is_empty());
+        assert!(plan(&[], &chains, NOW, Policy::Last(1)).is_empty());
+    }
+
+    #[test]
+    fn parse_policy() {
+        assert_eq!("exponential".parse::<Policy>(), Ok(Policy::default()));
+        assert_eq!("last:3".parse::<Policy>(), Ok(Policy::Last(3)));
+        assert!("last:0".parse::<Policy>().is_err());
+        assert!("forever".parse::<Policy>().is_err());
+    }
+}
