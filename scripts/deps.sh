@@ -63,3 +63,31 @@ need_nextest() {
         cargo install --locked cargo-nextest >&2 || die "cargo-nextest could not be installed"
     fi
 }
+
+# Object-store emulators for the backup tests. moto's S3 server from PyPI; azurite from npm, installed
+# under ~/.cache so nothing global changes; azure-storage-blob creates containers (object_store cannot).
+need_moto() {
+    if ! python3 -c 'import moto.server, flask' 2>/dev/null; then
+        echo "deps: pip install moto[server]" >&2
+        python3 -m pip install -q --disable-pip-version-check 'moto[server]' >&2 \
+            || python3 -m pip install -q --disable-pip-version-check --break-system-packages 'moto[server]' >&2
+    fi
+    python3 -c 'import moto.server' || die "moto[server] could not be installed"
+}
+
+need_azurite() {
+    local dir="${AZURITE_DIR:-$HOME/.cache/etcd-warden/azurite}"
+    if [ ! -x "$dir/node_modules/.bin/azurite-blob" ]; then
+        command -v npm >/dev/null || apt_install nodejs npm
+        echo "deps: npm install azurite@3" >&2
+        mkdir -p "$dir"
+        (cd "$dir" && npm install --silent --no-audit --no-fund azurite@3 >&2) || die "azurite could not be installed from npm"
+    fi
+    export AZURITE_BLOB="$dir/node_modules/.bin/azurite-blob"
+    if ! python3 -c 'import azure.storage.blob' 2>/dev/null; then
+        echo "deps: pip install azure-storage-blob" >&2
+        python3 -m pip install -q --disable-pip-version-check azure-storage-blob >&2 \
+            || python3 -m pip install -q --disable-pip-version-check --break-system-packages azure-storage-blob >&2
+    fi
+    python3 -c 'import azure.storage.blob' || die "azure-storage-blob could not be installed"
+}

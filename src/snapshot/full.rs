@@ -133,40 +133,13 @@ pub async fn take_full(
         writer: concat!("etcd-warden ", env!("CARGO_PKG_VERSION")).into(),
     };
     let key = name.key();
-    let span = tracing::info_span!("full_snapshot", key = %key, revision);
-    let _enter = span.enter();
-    drop(_enter);
-
     // Open etcd's stream first: if it cannot start, no upload is created at all.
     let mut stream = client
         .snapshot()
         .await
         .map_err(etcd("start the snapshot stream"))?;
-    let mut writer = ObjectWriter::begin(store.inner.clone(), &key, &header).await?;
-    let body = async {
-        let mut comp = Compressor::new(compression).map_err(SnapshotError::Compress)?;
-        let mut check = TrailerCheck::default();
-        while let Some(msg) = stream.message().await.map_err(etcd("read the snapshot stream"))? {
-            let blob = msg.blob();
-            check.update(blob);
-            comp.write(blob).map_err(SnapshotError::Compress)?;
-            let out = comp.take();
-            writer.payload(&out).await?;
-        }
-        let raw = check.total;
-        let sha = check.verify().ok_or(SnapshotError::Checksum { bytes: raw })?;
-        let out = comp.finish().map_err(SnapshotError::Compress)?;
-        writer.payload(&out).await?;
-        Ok::<_, SnapshotError>((raw, sha))
-    }
-    .await;
-    let (raw_bytes, sha) = match body {
-        Ok(v) => v,
-        Err(err) => {
-            writer.abort().await;
-            return Err(err);
-        }
-    };
+    let chunks = async_stream_of(&mut stream);
+    let (raw_bytes, sha, writer) = upload_stream(store, &key, &header, compression, chunks).await?;
     let revision_after = client
         .status()
         .await
@@ -197,6 +170,68 @@ pub async fn take_full(
         duration,
         revision_after,
     })
+}
+
+/// Adapts etcd's snapshot stream to a stream of byte chunks.
+fn async_stream_of(
+    stream: &mut etcd_client::SnapshotStreaming,
+) -> impl futures_util::Stream<Item = Result<Vec<u8>, SnapshotError>> + '_ {
+    futures_util::stream::unfold(stream, |s| async move {
+        match s.message().await {
+            Ok(Some(msg)) => Some((Ok(msg.blob().to_vec()), s)),
+            Ok(None) => None,
+            Err(source) => Some((
+                Err(SnapshotError::Etcd {
+                    what: "read the snapshot stream",
+                    source,
+                }),
+                s,
+            )),
+        }
+    })
+}
+
+/// Streams an etcd snapshot (database bytes followed by their sha256) into a new object at `key`.
+/// Returns the raw size, etcd's digest and the still-open writer: the caller adds the footer and
+/// completes it. On any error, or when the trailer does not check out, the upload is aborted and
+/// nothing becomes visible.
+pub async fn upload_stream<S>(
+    store: &Store,
+    key: &str,
+    header: &Header,
+    compression: Compression,
+    chunks: S,
+) -> Result<(u64, String, ObjectWriter), SnapshotError>
+where
+    S: futures_util::Stream<Item = Result<Vec<u8>, SnapshotError>>,
+{
+    use futures_util::StreamExt;
+    let mut writer = ObjectWriter::begin(store.inner.clone(), key, header).await?;
+    let body = async {
+        let mut comp = Compressor::new(compression).map_err(SnapshotError::Compress)?;
+        let mut check = TrailerCheck::default();
+        let mut chunks = std::pin::pin!(chunks);
+        while let Some(blob) = chunks.next().await {
+            let blob = blob?;
+            check.update(&blob);
+            comp.write(&blob).map_err(SnapshotError::Compress)?;
+            let out = comp.take();
+            writer.payload(&out).await?;
+        }
+        let raw = check.total;
+        let sha = check.verify().ok_or(SnapshotError::Checksum { bytes: raw })?;
+        let out = comp.finish().map_err(SnapshotError::Compress)?;
+        writer.payload(&out).await?;
+        Ok::<_, SnapshotError>((raw, sha))
+    }
+    .await;
+    match body {
+        Ok((raw, sha)) => Ok((raw, sha, writer)),
+        Err(err) => {
+            writer.abort().await;
+            Err(err)
+        }
+    }
 }
 
 #[cfg(test)]

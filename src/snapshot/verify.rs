@@ -35,6 +35,17 @@ impl Report {
 
 /// Checks one object end to end.
 pub async fn verify_object(store: &Store, name: &SnapshotName) -> Result<Verified, String> {
+    read_verified(store, name, |_| Ok(())).await
+}
+
+/// Reads one object end to end, handing every decompressed payload byte to `on_raw` in order, and
+/// checks everything `verify_object` checks. For a full snapshot the bytes are etcd's stream as it
+/// was received (the database followed by its sha256), ready for `etcdutl snapshot restore`.
+/// Callers must not use what they received unless this returns `Ok`.
+pub async fn read_verified<F>(store: &Store, name: &SnapshotName, mut on_raw: F) -> Result<Verified, String>
+where
+    F: FnMut(&[u8]) -> Result<(), String>,
+{
     let key = name.key();
     let mut de: Option<Decompressor> = None;
     let mut trailer = TrailerCheck::default();
@@ -50,6 +61,7 @@ pub async fn verify_object(store: &Store, name: &SnapshotName) -> Result<Verifie
     let is_full = name.is_full();
     let mut consume = |out: Vec<u8>| -> Result<(), String> {
         raw += out.len() as u64;
+        on_raw(&out)?;
         if is_full {
             trailer.update(&out);
             return Ok(());
@@ -157,4 +169,38 @@ pub async fn verify_store(store: &Store) -> Result<Report, StoreError> {
     }
     report.chain_errors = chain_errors;
     Ok(report)
+}
+
+/// All records of a delta, verified.
+pub async fn read_delta(store: &Store, name: &SnapshotName) -> Result<Vec<Record>, String> {
+    let mut decoder = Decoder::new();
+    let mut records = Vec::new();
+    let mut err = None;
+    read_verified(store, name, |raw| {
+        match decoder.push(raw) {
+            Ok(r) => records.extend(r),
+            Err(e) => err = Some(e.to_string()),
+        }
+        Ok(())
+    })
+    .await?;
+    match err {
+        Some(e) => Err(e),
+        None => Ok(records),
+    }
+}
+
+/// Writes a full snapshot's etcd stream (database + sha256) to `path`, verified.
+pub async fn read_full_to_file(
+    store: &Store,
+    name: &SnapshotName,
+    path: &std::path::Path,
+) -> Result<Verified, String> {
+    use std::io::Write;
+    let mut file = std::io::BufWriter::new(
+        std::fs::File::create(path).map_err(|e| format!("create {}: {e}", path.display()))?,
+    );
+    let v = read_verified(store, name, |raw| file.write_all(raw).map_err(|e| e.to_string())).await?;
+    file.flush().map_err(|e| e.to_string())?;
+    Ok(v)
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures_util::TryStreamExt;
 use object_store::path::Path;
 use object_store::prefix::PrefixStore;
-use object_store::{ClientOptions, ObjectMeta, ObjectStore, ObjectStoreExt, RetryConfig};
+use object_store::{ClientConfigKey, ObjectMeta, ObjectStore, ObjectStoreExt, RetryConfig};
 use thiserror::Error;
 
 pub use layout::{Compression, Kind, SnapshotName};
@@ -67,10 +67,15 @@ fn retry() -> RetryConfig {
     }
 }
 
-fn client_options() -> ClientOptions {
-    ClientOptions::new()
-        .with_connect_timeout(Duration::from_secs(5))
-        .with_timeout(Duration::from_secs(60))
+/// Timeouts, set key by key so that what the environment configured (AWS_ALLOW_HTTP, proxies …)
+/// stays in force; a variable in the environment still wins over these defaults.
+const CLIENT_DEFAULTS: [(ClientConfigKey, &str, &str); 2] = [
+    (ClientConfigKey::ConnectTimeout, "5s", "CONNECT_TIMEOUT"),
+    (ClientConfigKey::Timeout, "60s", "TIMEOUT"),
+];
+
+fn client_default(env_prefix: &str, suffix: &str) -> bool {
+    std::env::var_os(format!("{env_prefix}_{suffix}")).is_none()
 }
 
 impl Store {
@@ -94,30 +99,39 @@ impl Store {
                 (Arc::new(fs), "")
             }
             StoreUrl::S3 { bucket, prefix } => {
-                let s3 = object_store::aws::AmazonS3Builder::from_env()
+                let mut b = object_store::aws::AmazonS3Builder::from_env()
                     .with_bucket_name(bucket)
-                    .with_retry(retry())
-                    .with_client_options(client_options())
-                    .build()
-                    .map_err(cfg("s3"))?;
+                    .with_retry(retry());
+                for (key, value, suffix) in CLIENT_DEFAULTS {
+                    if client_default("AWS", suffix) {
+                        b = b.with_config(object_store::aws::AmazonS3ConfigKey::Client(key), value);
+                    }
+                }
+                let s3 = b.build().map_err(cfg("s3"))?;
                 (Arc::new(s3), prefix)
             }
             StoreUrl::Gcs { bucket, prefix } => {
-                let gcs = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
                     .with_bucket_name(bucket)
-                    .with_retry(retry())
-                    .with_client_options(client_options())
-                    .build()
-                    .map_err(cfg("gs"))?;
+                    .with_retry(retry());
+                for (key, value, suffix) in CLIENT_DEFAULTS {
+                    if client_default("GOOGLE", suffix) {
+                        b = b.with_config(object_store::gcp::GoogleConfigKey::Client(key), value);
+                    }
+                }
+                let gcs = b.build().map_err(cfg("gs"))?;
                 (Arc::new(gcs), prefix)
             }
             StoreUrl::Azure { container, prefix } => {
-                let az = object_store::azure::MicrosoftAzureBuilder::from_env()
+                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
                     .with_container_name(container)
-                    .with_retry(retry())
-                    .with_client_options(client_options())
-                    .build()
-                    .map_err(cfg("az"))?;
+                    .with_retry(retry());
+                for (key, value, suffix) in CLIENT_DEFAULTS {
+                    if client_default("AZURE", suffix) {
+                        b = b.with_config(object_store::azure::AzureConfigKey::Client(key), value);
+                    }
+                }
+                let az = b.build().map_err(cfg("az"))?;
                 (Arc::new(az), prefix)
             }
         };
