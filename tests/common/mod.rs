@@ -11,6 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod stores;
+
 pub const WARDEN: &str = env!("CARGO_BIN_EXE_etcd-warden");
 
 /// etcd 3.4 (Debian's etcd-server), or `$ETCD34_BIN`.
@@ -221,6 +223,13 @@ impl WardenBuilder {
         self
     }
 
+    pub fn envs(mut self, vars: &[(&str, String)]) -> Self {
+        for (k, v) in vars {
+            self.cmd.env(k, v);
+        }
+        self
+    }
+
     pub fn spawn(mut self) -> Warden {
         let out = std::fs::File::create(&self.log).expect("log file");
         let err = out.try_clone().expect("log file");
@@ -310,4 +319,71 @@ pub fn children_of(ppid: i32) -> Vec<(i32, char, String)> {
 
 pub fn alive(pid: i32) -> bool {
     proc_stat(pid).is_some_and(|(state, _)| state != 'Z')
+}
+
+/// The revision etcd reports now (via etcdctl's JSON output).
+pub fn etcd_revision(etcdctl_bin: &Path, ip: &str) -> i64 {
+    let out = etcdctl(
+        etcdctl_bin,
+        ip,
+        &["get", "nonexistent-key-for-revision", "-w", "json"],
+    )
+    .expect("etcdctl get");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("etcdctl JSON");
+    v["header"]["revision"].as_i64().expect("header.revision")
+}
+
+/// Starts a plain etcd (no warden) on `ip` with `data_dir`; killed on drop.
+pub struct PlainEtcd {
+    pub child: Child,
+}
+
+impl PlainEtcd {
+    pub fn start(etcd: &Path, ip: &str, data_dir: &Path, name: &str) -> Self {
+        let log = std::fs::File::create(data_dir.with_extension("log")).unwrap();
+        let child = Command::new(etcd)
+            .args([
+                "--name",
+                name,
+                "--data-dir",
+                &data_dir.display().to_string(),
+                "--listen-client-urls",
+                &format!("http://{ip}:2379"),
+                "--advertise-client-urls",
+                &format!("http://{ip}:2379"),
+                "--listen-peer-urls",
+                &format!("http://{ip}:2380"),
+                "--initial-advertise-peer-urls",
+                &format!("http://{ip}:2380"),
+                "--initial-cluster",
+                &format!("{name}=http://{ip}:2380"),
+            ])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd");
+        let e = Self { child };
+        let ctl = etcdctl_for(etcd);
+        wait_for("plain etcd to answer", Duration::from_secs(30), || {
+            etcdctl(&ctl, ip, &["endpoint", "health"]).ok()
+        });
+        e
+    }
+
+    pub fn stop(mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = wait_for("plain etcd to stop", Duration::from_secs(20), || {
+            self.child.try_wait().ok().flatten()
+        });
+    }
+}
+
+impl Drop for PlainEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -1,0 +1,478 @@
+//! Continuous backups against real etcd 3.4/3.5 and real stores (local files, moto's S3, azurite):
+//! full + delta chains, restore of the full snapshot with etcdutl/etcdctl, lease records, a store
+//! outage under write load with readiness held, a compacted watch, SIGTERM flushing the delta.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::stores::*;
+use common::*;
+use etcd_warden::snapshot::delta_codec::Record;
+use etcd_warden::snapshot::verify::{read_delta, read_full_to_file};
+use etcd_warden::store::{Store, StoreUrl};
+use nix::sys::signal::Signal;
+
+const START: Duration = Duration::from_secs(30);
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn etcd_argv(etcd: &Path, ip: &str, data: &Path) -> Vec<String> {
+    let mut v = vec![etcd.display().to_string()];
+    v.extend(etcd_args(ip, data));
+    v
+}
+
+fn backed_up(w: &Warden) -> i64 {
+    w.status()["backup"]["backed_up_revision"].as_i64().unwrap_or(0)
+}
+
+fn wait_backed_up(w: &Warden, rev: i64, timeout: Duration) {
+    wait_for(&format!("revision {rev} to be in the store"), timeout, || {
+        (backed_up(w) >= rev).then_some(())
+    });
+}
+
+fn warden_cli(args: &[&str], env: &[(&str, String)]) -> (i32, String) {
+    let mut c = Command::new(WARDEN);
+    c.args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Full + deltas to a file store; the full snapshot restores with etcd's own tool; deltas carry
+/// every revision and the lease of a leased key.
+fn file_store_round_trip(etcd: &Path, v35: bool) {
+    let ctl = etcdctl_for(etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    let store_url = format!("file://{}", store_dir.display());
+    let mut w = Warden::start(
+        &ip,
+        &["--store", &store_url, "--delta-snapshot-period", "300ms"],
+        &etcd_argv(etcd, &ip, &dir.path().join("data")),
+    );
+    w.wait_ready(START);
+    wait_for("the first full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+
+    let lease_out = etcdctl(&ctl, &ip, &["lease", "grant", "600"]).unwrap();
+    let lease_id = lease_out.split_whitespace().nth(1).unwrap().to_owned();
+    etcdctl(&ctl, &ip, &["put", "leased", "v", &format!("--lease={lease_id}")]).unwrap();
+    for i in 0..20 {
+        etcdctl(&ctl, &ip, &["put", &format!("k{i:02}"), &format!("value-{i}")]).unwrap();
+    }
+    etcdctl(&ctl, &ip, &["del", "k00"]).unwrap();
+    let rev = etcd_revision(&ctl, &ip);
+    wait_backed_up(&w, rev, Duration::from_secs(20));
+
+    // SIGUSR1 three times at once: coalesced, never two at a time.
+    let before = w.status()["backup"]["fulls_total"].as_u64().unwrap();
+    for _ in 0..3 {
+        w.signal(Signal::SIGUSR1);
+    }
+    wait_for("the requested full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64().unwrap() > before).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(500)); // a possible second (coalesced) request completes
+    let after = w.status()["backup"]["fulls_total"].as_u64().unwrap();
+    assert!(
+        after - before <= 2,
+        "three SIGUSR1 produced {} full snapshots",
+        after - before
+    );
+    let status = w.status();
+    assert_eq!(status["backup"]["healthy"], true, "{status}");
+    assert!(status["backup"]["seconds_since_last_success"].as_f64().unwrap() < 30.0);
+    let (_, metrics) = w.get("/metrics").unwrap();
+    assert!(
+        metrics.contains("etcd_warden_snapshots_total{kind=\"delta\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("etcd_warden_backup_healthy 1"), "{metrics}");
+
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+
+    let (code, out) = warden_cli(&["backups", "verify", "--store", &store_url], &[]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = warden_cli(&["backups", "list", "--store", &store_url, "--json"], &[]);
+    assert_eq!(code, 0, "{out}");
+
+    let rt = rt();
+    let store = Store::open(&StoreUrl::File {
+        path: store_dir.clone(),
+    })
+    .unwrap();
+    let fulls = rt.block_on(store.list_fulls()).unwrap();
+    let (first_full, _) = fulls.first().unwrap();
+    let (newest, _) = fulls.last().unwrap();
+    assert!(
+        newest.last_revision() >= rev,
+        "newest full {} < {rev}",
+        newest.last_revision()
+    );
+
+    // The first chain holds every revision after its full, the lease record before the leased put.
+    let chain = rt.block_on(store.list_chain(first_full.last_revision())).unwrap();
+    assert!(!chain.is_empty(), "no deltas after the first full snapshot");
+    let mut records = Vec::new();
+    for (n, _) in &chain {
+        records.extend(rt.block_on(read_delta(&store, n)).unwrap());
+    }
+    let id = i64::from_str_radix(&lease_id, 16).unwrap();
+    let lease_pos = records
+        .iter()
+        .position(|r| matches!(r, Record::Lease(l) if l.id == id && l.granted_ttl == 600))
+        .expect("lease record with the granted TTL");
+    let put_pos = records
+        .iter()
+        .position(|r| matches!(r, Record::Revision(rv) if rv.events.iter().any(|e| e.key == b"leased" && e.lease == id)))
+        .expect("the leased put");
+    assert!(lease_pos < put_pos, "lease record must precede its first put");
+    let revs: Vec<i64> = records
+        .iter()
+        .filter_map(|r| {
+            if let Record::Revision(rv) = r {
+                Some(rv.revision)
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(revs.first(), Some(&(first_full.last_revision() + 1)));
+    assert!(
+        revs.windows(2).all(|p| p[1] == p[0] + 1),
+        "revisions not contiguous: {revs:?}"
+    );
+
+    // The newest full snapshot restores with etcd's own tool and holds every key.
+    let db = dir.path().join("snap.db");
+    rt.block_on(read_full_to_file(&store, newest, &db)).unwrap();
+    let restored = dir.path().join("restored");
+    let ip2 = unique_ip();
+    let peer = format!("r1=http://{ip2}:2380");
+    let out = if v35 {
+        Command::new(etcd.with_file_name("etcdutl"))
+            .args([
+                "snapshot",
+                "restore",
+                db.to_str().unwrap(),
+                "--data-dir",
+                restored.to_str().unwrap(),
+            ])
+            .args([
+                "--name",
+                "r1",
+                "--initial-cluster",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &format!("http://{ip2}:2380"),
+            ])
+            .output()
+            .unwrap()
+    } else {
+        Command::new(&ctl)
+            .env("ETCDCTL_API", "3")
+            .args([
+                "snapshot",
+                "restore",
+                db.to_str().unwrap(),
+                "--data-dir",
+                restored.to_str().unwrap(),
+            ])
+            .args([
+                "--name",
+                "r1",
+                "--initial-cluster",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &format!("http://{ip2}:2380"),
+            ])
+            .output()
+            .unwrap()
+    };
+    assert!(
+        out.status.success(),
+        "restore failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plain = PlainEtcd::start(etcd, &ip2, &restored, "r1");
+    let keys = etcdctl(&ctl, &ip2, &["get", "k", "--prefix", "--keys-only"]).unwrap();
+    let keys: Vec<&str> = keys.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(keys.len(), 19, "{keys:?}");
+    assert!(!keys.contains(&"k00"), "deleted key came back");
+    assert_eq!(
+        etcdctl(&ctl, &ip2, &["get", "k07", "--print-value-only"])
+            .unwrap()
+            .trim(),
+        "value-7"
+    );
+    assert!(
+        etcd_revision(&ctl, &ip2) >= newest.last_revision(),
+        "the snapshot holds less than its name claims"
+    );
+    drop(plain);
+}
+
+#[test]
+fn etcd_3_5_full_and_deltas_to_files_restore_with_etcdutl() {
+    file_store_round_trip(&etcd35(), true);
+}
+
+#[test]
+fn etcd_3_4_full_and_deltas_to_files_restore_with_etcdctl() {
+    file_store_round_trip(&etcd34(), false);
+}
+
+#[test]
+fn store_outage_under_writes_never_touches_readiness_and_backups_resume() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let moto = moto(&ip, 5000);
+    create_bucket(&moto.addr, "backups");
+    let mut proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
+    let env = s3_env(&format!("http://{ip}:5001"));
+    let dir = tempfile::tempdir().unwrap();
+    let store = "s3://backups/etcd/main";
+    let mut w = Warden::builder(
+        &ip,
+        &["--store", store, "--delta-snapshot-period", "500ms"],
+        &etcd_argv(&etcd, &ip, &dir.path().join("data")),
+    )
+    .envs(&env)
+    .spawn();
+    w.wait_ready(START);
+    wait_for("backups to be healthy", START, || {
+        (w.status()["backup"]["healthy"] == true).then_some(())
+    });
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, ctl, ip) = (stop.clone(), ctl.clone(), ip.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                etcdctl(&ctl, &ip, &["put", &format!("w{n}"), "x"]).expect("write during the outage");
+                n += 1;
+            }
+            n
+        })
+    };
+    let unready = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let monitor = {
+        let (stop, unready, http) = (stop.clone(), unready.clone(), w.http.clone());
+        std::thread::spawn(move || {
+            let mut checks = 0;
+            while !stop.load(Ordering::SeqCst) {
+                match http_get(&http, "/readyz") {
+                    Some((200, _)) => {}
+                    other => unready.lock().unwrap().push(format!("{other:?}")),
+                }
+                checks += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            checks
+        })
+    };
+
+    std::thread::sleep(Duration::from_secs(1)); // some deltas under load before the cut
+    proxy.cut();
+    let t = std::time::Instant::now();
+    let status = wait_for("the outage to show in /status", Duration::from_secs(20), || {
+        let s = w.status();
+        (s["backup"]["healthy"] == false).then_some(s)
+    });
+    let shown_after = t.elapsed();
+    assert!(
+        status["backup"]["last_error"]
+            .as_str()
+            .is_some_and(|e| !e.is_empty()),
+        "{status}"
+    );
+    let (_, metrics) = w.get("/metrics").unwrap();
+    assert!(
+        metrics.contains("etcd_warden_backup_failures_total{kind=\"delta\""),
+        "{metrics}"
+    );
+    assert!(metrics.contains("etcd_warden_backup_healthy 0"), "{metrics}");
+    std::thread::sleep(Duration::from_secs(3));
+    proxy.restore();
+    wait_for(
+        "backups to recover by themselves",
+        Duration::from_secs(60),
+        || (w.status()["backup"]["healthy"] == true).then_some(()),
+    );
+    stop.store(true, Ordering::SeqCst);
+    let writes = writer.join().unwrap();
+    let checks = monitor.join().unwrap();
+    let rev = etcd_revision(&ctl, &ip);
+    wait_backed_up(&w, rev, Duration::from_secs(60));
+    let unready = unready.lock().unwrap().clone();
+    assert!(
+        unready.is_empty(),
+        "readiness dropped during the store outage: {unready:?}"
+    );
+    assert!(
+        writes > 20 && checks > 30,
+        "too little load: {writes} writes, {checks} readiness checks"
+    );
+    eprintln!(
+        "outage visible in /status after {shown_after:?}; {writes} writes, {checks} readiness checks, all 200"
+    );
+
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    let (code, out) = warden_cli(&["backups", "verify", "--store", store], &env);
+    assert_eq!(code, 0, "chain broken after the outage:\n{out}");
+}
+
+#[test]
+fn compacted_watch_start_falls_back_to_a_full_snapshot() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let store_url = format!("file://{}", dir.path().join("store").display());
+    let opts = ["--store", store_url.as_str(), "--delta-snapshot-period", "300ms"];
+    let mut w = Warden::start(&ip, &opts, &etcd_argv(&etcd, &ip, &data));
+    w.wait_ready(START);
+    etcdctl(&ctl, &ip, &["put", "a", "1"]).unwrap();
+    wait_backed_up(&w, etcd_revision(&ctl, &ip), Duration::from_secs(20));
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+
+    // Without the warden: more writes, then compaction past what the chain holds.
+    let plain = PlainEtcd::start(&etcd, &ip, &data, "m1");
+    for i in 0..5 {
+        etcdctl(&ctl, &ip, &["put", &format!("b{i}"), "2"]).unwrap();
+    }
+    let rev = etcd_revision(&ctl, &ip);
+    etcdctl(&ctl, &ip, &["compact", &rev.to_string()]).unwrap();
+    plain.stop();
+
+    let mut w = Warden::start(&ip, &opts, &etcd_argv(&etcd, &ip, &data));
+    w.wait_ready(START);
+    let status = wait_for("a full snapshot at or after the compaction", START, || {
+        let s = w.status();
+        (s["backup"]["last_full"]["revision"].as_i64().unwrap_or(0) >= rev).then_some(s)
+    });
+    assert_eq!(status["backup"]["healthy"], true, "{status}");
+    assert!(
+        w.log_text().contains("compacted"),
+        "the compaction was not reported:\n{}",
+        w.log_text()
+    );
+    etcdctl(&ctl, &ip, &["put", "c", "3"]).unwrap();
+    wait_backed_up(&w, etcd_revision(&ctl, &ip), Duration::from_secs(20));
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    let (code, out) = warden_cli(&["backups", "verify", "--store", &store_url], &[]);
+    assert_eq!(code, 0, "{out}");
+}
+
+#[test]
+fn sigterm_flushes_the_pending_delta_before_stopping_etcd() {
+    let etcd = etcd34();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let store_url = format!("file://{}", dir.path().join("store").display());
+    let mut w = Warden::start(
+        &ip,
+        &["--store", &store_url, "--delta-snapshot-period", "1h"],
+        &etcd_argv(&etcd, &ip, &dir.path().join("data")),
+    );
+    w.wait_ready(START);
+    wait_for("the first full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    for i in 0..5 {
+        etcdctl(&ctl, &ip, &["put", &format!("late{i}"), "x"]).unwrap();
+    }
+    let rev = etcd_revision(&ctl, &ip);
+    wait_for("the watch to buffer the writes", Duration::from_secs(10), || {
+        (w.status()["backup"]["pending_delta_events"].as_u64() >= Some(5)).then_some(())
+    });
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    let rt = rt();
+    let store = Store::open(&StoreUrl::File {
+        path: dir.path().join("store"),
+    })
+    .unwrap();
+    let fulls = rt.block_on(store.list_fulls()).unwrap();
+    let base = fulls.last().unwrap().0.last_revision();
+    let chain = rt.block_on(store.list_chain(base)).unwrap();
+    let last = chain.last().map(|(n, _)| n.last_revision()).unwrap_or(base);
+    assert_eq!(last, rev, "the delta pending at SIGTERM was not flushed");
+}
+
+#[test]
+fn azure_blob_full_and_deltas_via_azurite() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let az = azurite(&ip, 10000);
+    create_container(&az.endpoint, "etcd-backups");
+    let env = azure_env(&az.endpoint);
+    let store = "az://etcd-backups/cluster-a";
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Warden::builder(
+        &ip,
+        &[
+            "--store",
+            store,
+            "--delta-snapshot-period",
+            "300ms",
+            "--compression",
+            "gzip",
+        ],
+        &etcd_argv(&etcd, &ip, &dir.path().join("data")),
+    )
+    .envs(&env)
+    .spawn();
+    w.wait_ready(START);
+    for i in 0..10 {
+        etcdctl(&ctl, &ip, &["put", &format!("az{i}"), "v"]).unwrap();
+    }
+    wait_backed_up(&w, etcd_revision(&ctl, &ip), Duration::from_secs(30));
+    let status = w.status();
+    assert!(
+        status["backup"]["last_full"]["key"]
+            .as_str()
+            .unwrap()
+            .contains("-gzip-"),
+        "{status}"
+    );
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    let (code, out) = warden_cli(&["backups", "verify", "--store", store], &env);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("delta"), "no delta verified:\n{out}");
+}

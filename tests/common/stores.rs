@@ -1,0 +1,257 @@
+//! Real object-store emulators for the backup tests: moto's S3 server and azurite, each bound to a
+//! test's own loopback address, plus a TCP proxy the test can cut to simulate a store outage.
+#![allow(dead_code, clippy::disallowed_methods)]
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use super::wait_for;
+
+/// Well-known azurite development account.
+pub const AZURITE_ACCOUNT: &str = "devstoreaccount1";
+pub const AZURITE_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
+pub struct Emulator {
+    child: Child,
+    pub endpoint: String,
+    pub addr: String,
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn port_open(addr: &str) -> bool {
+    TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_millis(200)).is_ok()
+}
+
+/// moto's S3 server on `ip:port`.
+pub fn moto(ip: &str, port: u16) -> Emulator {
+    let addr = format!("{ip}:{port}");
+    let child = Command::new("python3")
+        .args(["-m", "moto.server", "-H", ip, "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start moto (pip install 'moto[server]')");
+    let mut e = Emulator {
+        child,
+        endpoint: format!("http://{addr}"),
+        addr: addr.clone(),
+    };
+    wait_for("moto's S3 server to listen", Duration::from_secs(30), || {
+        if let Ok(Some(st)) = e.child.try_wait() {
+            panic!("moto exited at start: {st} (is moto[server] installed?)");
+        }
+        port_open(&addr).then_some(())
+    });
+    e.endpoint = format!("http://{addr}");
+    e
+}
+
+/// Creates a bucket with a plain `PUT /bucket`.
+pub fn create_bucket(addr: &str, bucket: &str) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "PUT /{bucket} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    assert!(
+        resp.starts_with("HTTP/1.1 200") || resp.starts_with("HTTP/1.0 200"),
+        "create bucket: {resp}"
+    );
+}
+
+/// The environment a warden needs for `s3://` on moto: explicit endpoint and credentials, never the
+/// instance metadata service.
+pub fn s3_env(endpoint: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ACCESS_KEY_ID", "testing".into()),
+        ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+        ("AWS_REGION", "us-east-1".into()),
+        ("AWS_ENDPOINT_URL", endpoint.into()),
+        ("AWS_ALLOW_HTTP", "true".into()),
+        ("AWS_EC2_METADATA_DISABLED", "true".into()),
+    ]
+}
+
+/// azurite's blob service on `ip:port`, in memory.
+pub fn azurite(ip: &str, port: u16) -> Emulator {
+    let bin = std::env::var("AZURITE_BLOB").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/etcd-warden/azurite/node_modules/.bin/azurite-blob",
+            std::env::var("HOME").unwrap_or_default()
+        )
+    });
+    assert!(
+        std::path::Path::new(&bin).exists(),
+        "azurite-blob not found at {bin} (scripts/test installs it)"
+    );
+    let addr = format!("{ip}:{port}");
+    // In-memory persistence writes nothing to the working directory.
+    let child = Command::new(&bin)
+        .args([
+            "--blobHost",
+            ip,
+            "--blobPort",
+            &port.to_string(),
+            "--inMemoryPersistence",
+            "--disableTelemetry",
+        ])
+        .args(["--skipApiVersionCheck", "--loose"])
+        .current_dir(std::env::temp_dir())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start azurite");
+    let mut e = Emulator {
+        child,
+        endpoint: format!("http://{addr}"),
+        addr: addr.clone(),
+    };
+    wait_for("azurite to listen", Duration::from_secs(30), || {
+        if let Ok(Some(st)) = e.child.try_wait() {
+            panic!("azurite exited at start: {st}");
+        }
+        port_open(&addr).then_some(())
+    });
+    e
+}
+
+/// Creates a container through the azure-storage-blob package (object_store cannot).
+pub fn create_container(endpoint: &str, container: &str) {
+    let conn = format!(
+        "DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};BlobEndpoint={endpoint}/{AZURITE_ACCOUNT};"
+    );
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import sys\nfrom azure.storage.blob import BlobServiceClient\nBlobServiceClient.from_connection_string(sys.argv[1]).create_container(sys.argv[2])",
+            &conn,
+            container,
+        ])
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "create container: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub fn azure_env(endpoint: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("AZURE_STORAGE_USE_EMULATOR", "true".into()),
+        ("AZURITE_BLOB_STORAGE_URL", endpoint.into()),
+        ("AZURE_STORAGE_ACCOUNT_NAME", AZURITE_ACCOUNT.into()),
+        ("AZURE_STORAGE_ACCOUNT_KEY", AZURITE_KEY.into()),
+    ]
+}
+
+/// A TCP proxy in front of a store. `cut()` closes every connection and refuses new ones (the
+/// listening socket goes away); `restore()` listens again on the same address.
+pub struct Proxy {
+    pub addr: String,
+    up: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    target: String,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Proxy {
+    pub fn start(listen: &str, target: &str) -> Self {
+        let mut p = Self {
+            addr: listen.to_owned(),
+            up: Arc::new(AtomicBool::new(true)),
+            stop: Arc::new(AtomicBool::new(false)),
+            target: target.to_owned(),
+            thread: None,
+        };
+        p.spawn();
+        p
+    }
+
+    fn spawn(&mut self) {
+        let listener = TcpListener::bind(&self.addr).expect("bind proxy");
+        listener.set_nonblocking(true).unwrap();
+        let (up, stop, target) = (self.up.clone(), self.stop.clone(), self.target.clone());
+        self.thread = Some(std::thread::spawn(move || {
+            while up.load(Ordering::SeqCst) && !stop.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        client.set_nonblocking(false).unwrap();
+                        let Ok(server) = TcpStream::connect(&target) else {
+                            continue;
+                        };
+                        let up2 = up.clone();
+                        pipe(client, server, up2);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        }));
+    }
+
+    pub fn cut(&mut self) {
+        self.up.store(false, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+
+    pub fn restore(&mut self) {
+        self.up.store(true, Ordering::SeqCst);
+        self.spawn();
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn pipe(a: TcpStream, b: TcpStream, up: Arc<AtomicBool>) {
+    for (mut from, mut to) in [(a.try_clone().unwrap(), b.try_clone().unwrap()), (b, a)] {
+        let up = up.clone();
+        std::thread::spawn(move || {
+            from.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+            let mut buf = [0u8; 64 * 1024];
+            loop {
+                if !up.load(Ordering::SeqCst) {
+                    break;
+                }
+                match from.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) => {}
+                    Err(_) => break,
+                }
+            }
+            let _ = from.shutdown(Shutdown::Both);
+            let _ = to.shutdown(Shutdown::Both);
+        });
+    }
+}
