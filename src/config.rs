@@ -120,6 +120,9 @@ pub struct RunOptions {
     /// [default: file://<data-dir>.backups]
     #[arg(long, env = "ETCD_WARDEN_STORE", value_name = "URL")]
     pub store: Option<String>,
+    /// KEY=VALUE file with store credentials (AWS_*, AZURE_*, GOOGLE_* names), re-read when it changes
+    #[arg(long, env = "ETCD_WARDEN_STORE_CREDENTIALS", value_name = "FILE")]
+    pub store_credentials: Option<PathBuf>,
     /// HTTP address for /readyz, /livez, /status, /metrics [default: 0.0.0.0:2378]
     #[arg(long, env = "ETCD_WARDEN_LISTEN", value_name = "ADDR")]
     pub listen: Option<String>,
@@ -238,6 +241,7 @@ impl RunOptions {
     fn or(self, file: RunOptions) -> RunOptions {
         RunOptions {
             store: self.store.or(file.store),
+            store_credentials: self.store_credentials.or(file.store_credentials),
             listen: self.listen.or(file.listen),
             stop_timeout: self.stop_timeout.or(file.stop_timeout),
             restart_backoff_min: self.restart_backoff_min.or(file.restart_backoff_min),
@@ -411,7 +415,14 @@ impl RunConfig {
             }
         }
 
+        if let Some(path) = &o.store_credentials {
+            crate::store::read_credentials(path).map_err(|e| ConfigError::Invalid {
+                option: "store-credentials",
+                reason: e.to_string(),
+            })?;
+        }
         let backup = BackupConfig {
+            credentials: o.store_credentials.clone(),
             store: store.clone(),
             client: client.clone(),
             compression: o.compression.unwrap_or(Compression::Zstd),

@@ -79,8 +79,37 @@ pub mod opt_unix_seconds {
     }
 }
 
-/// An error and its causes as one line: `a: b: c`.
+/// Removes secrets that storage errors may carry in URLs (SAS signatures, presigned S3 parameters).
+pub fn redact(s: &str) -> String {
+    const SECRET_PARAMS: [&str; 5] = [
+        "sig=",
+        "X-Amz-Signature=",
+        "X-Amz-Credential=",
+        "X-Amz-Security-Token=",
+        "access_token=",
+    ];
+    let mut out = s.to_owned();
+    for p in SECRET_PARAMS {
+        let mut from = 0;
+        while let Some(i) = out[from..].find(p) {
+            let start = from + i + p.len();
+            let end = out[start..]
+                .find(|c: char| c == '&' || c.is_whitespace() || c == '"' || c == '\'')
+                .map(|j| start + j)
+                .unwrap_or(out.len());
+            out.replace_range(start..end, "REDACTED");
+            from = start + "REDACTED".len();
+        }
+    }
+    out
+}
+
+/// An error and its causes as one line: `a: b: c`, with secrets redacted.
 pub fn error_chain(err: &dyn std::error::Error) -> String {
+    redact(&error_chain_raw(err))
+}
+
+fn error_chain_raw(err: &dyn std::error::Error) -> String {
     let mut s = err.to_string();
     let mut cur = err.source();
     while let Some(e) = cur {
@@ -92,4 +121,20 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
         cur = e.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_signed_urls() {
+        let e = "GET http://a/b?sv=1&sig=abc%2Fdef&se=2 failed; X-Amz-Signature=00ff X-Amz-Credential=AKIA/x";
+        let r = redact(e);
+        assert!(
+            !r.contains("abc%2Fdef") && !r.contains("00ff") && !r.contains("AKIA"),
+            "{r}"
+        );
+        assert!(r.contains("sig=REDACTED&se=2"), "{r}");
+    }
 }

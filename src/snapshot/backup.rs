@@ -26,6 +26,8 @@ use crate::supervisor::{ChildState, Phase};
 #[derive(Debug, Clone)]
 pub struct BackupConfig {
     pub store: StoreUrl,
+    /// `--store-credentials`: re-read when its modification time changes.
+    pub credentials: Option<std::path::PathBuf>,
     pub client: ClientConfig,
     pub compression: Compression,
     pub full_schedule: Option<croner::Cron>,
@@ -113,6 +115,8 @@ enum Outcome {
     Stop(oneshot::Sender<()>),
     NeedFull,
     Reconnect,
+    /// Credentials changed: open the store again at once.
+    Reopen,
 }
 
 pub struct Backup {
@@ -124,6 +128,11 @@ pub struct Backup {
     delta_rx: mpsc::Receiver<()>,
     control_rx: mpsc::Receiver<Control>,
     retry_delay: Duration,
+    creds_mtime: Option<SystemTime>,
+}
+
+fn mtime(path: &std::path::Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
 const RETRY_MIN: Duration = Duration::from_secs(1);
@@ -149,6 +158,7 @@ impl Backup {
                 delta_rx,
                 control_rx,
                 retry_delay: RETRY_MIN,
+                creds_mtime: None,
             },
             BackupHandle { full, delta, control },
         )
@@ -230,7 +240,15 @@ impl Backup {
                     continue;
                 }
             };
-            let store = match Store::open(&self.cfg.store) {
+            let opened = match &self.cfg.credentials {
+                Some(path) => {
+                    self.creds_mtime = mtime(path);
+                    crate::store::read_credentials(path)
+                        .and_then(|extra| Store::open_with(&self.cfg.store, &extra))
+                }
+                None => Store::open(&self.cfg.store),
+            };
+            let store = match opened {
                 Ok(s) => s,
                 Err(err) => {
                     self.failed("store", "configure", &err);
@@ -258,6 +276,7 @@ impl Backup {
                     return;
                 }
                 Outcome::NeedFull => force_full = true,
+                Outcome::Reopen => {}
                 Outcome::Reconnect => {
                     if let Some(Outcome::Stop(r)) = self.back_off().await {
                         let _ = r.send(());
@@ -509,6 +528,13 @@ impl Backup {
                     if let Some(o) = self.full_during_stream(client, store, &mut buf).await { return o; }
                 }
                 _ = tick.tick() => {
+                    if let Some(path) = &self.cfg.credentials
+                        && mtime(path) != self.creds_mtime
+                    {
+                        tracing::info!(path = %path.display(), "store credentials changed: re-opening the store");
+                        self.flush(store, &mut buf).await;
+                        return Outcome::Reopen;
+                    }
                     if !buf.is_empty() {
                         self.flush(store, &mut buf).await;
                     }

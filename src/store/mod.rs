@@ -34,6 +34,11 @@ pub enum StoreError {
         #[source]
         source: object_store::Error,
     },
+    #[error("read store credentials {path}: {reason} (write KEY=VALUE lines, e.g. AWS_ACCESS_KEY_ID=…)")]
+    Credentials {
+        path: std::path::PathBuf,
+        reason: String,
+    },
     #[error("list {prefix} in {url}")]
     List {
         prefix: String,
@@ -55,6 +60,33 @@ pub enum StoreError {
 pub struct Store {
     pub url: StoreUrl,
     pub inner: Arc<dyn ObjectStore>,
+}
+
+/// `--store-credentials FILE`: `KEY=VALUE` lines with the same names as the environment variables
+/// (AWS_ACCESS_KEY_ID, AZURE_STORAGE_ACCOUNT_KEY, GOOGLE_SERVICE_ACCOUNT_KEY, …), applied over the
+/// environment. The backup loop re-reads the file when it changes, so rotated secrets need no restart.
+pub fn read_credentials(path: &std::path::Path) -> Result<Vec<(String, String)>, StoreError> {
+    let text = std::fs::read_to_string(path).map_err(|source| StoreError::Credentials {
+        path: path.to_owned(),
+        reason: source.to_string(),
+    })?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let line = line.strip_prefix("export ").unwrap_or(line);
+        let Some((k, v)) = line.split_once('=') else {
+            return Err(StoreError::Credentials {
+                path: path.to_owned(),
+                reason: format!("line {} is not KEY=VALUE", n + 1),
+            });
+        };
+        let v = v.trim().trim_matches('"').trim_matches('\'').to_owned();
+        out.push((k.trim().to_owned(), v));
+    }
+    Ok(out)
 }
 
 /// Retries: a few quick ones inside object_store; the backup loop retries on its own schedule and
@@ -82,6 +114,11 @@ impl Store {
     /// Builds the client from the URL and the environment the clouds' own tools read
     /// (AWS_*, GOOGLE_*, AZURE_*). Creates a file store's directory.
     pub fn open(url: &StoreUrl) -> Result<Self, StoreError> {
+        Self::open_with(url, &[])
+    }
+
+    /// Like [`Store::open`], with extra settings (from a credentials file) over the environment.
+    pub fn open_with(url: &StoreUrl, extra: &[(String, String)]) -> Result<Self, StoreError> {
         let cfg = |scheme| {
             move |source| StoreError::Configure {
                 scheme,
@@ -107,6 +144,11 @@ impl Store {
                         b = b.with_config(object_store::aws::AmazonS3ConfigKey::Client(key), value);
                     }
                 }
+                for (k, v) in extra {
+                    if let Ok(key) = k.to_ascii_lowercase().parse() {
+                        b = b.with_config(key, v);
+                    }
+                }
                 let s3 = b.build().map_err(cfg("s3"))?;
                 (Arc::new(s3), prefix)
             }
@@ -119,6 +161,11 @@ impl Store {
                         b = b.with_config(object_store::gcp::GoogleConfigKey::Client(key), value);
                     }
                 }
+                for (k, v) in extra {
+                    if let Ok(key) = k.to_ascii_lowercase().parse() {
+                        b = b.with_config(key, v);
+                    }
+                }
                 let gcs = b.build().map_err(cfg("gs"))?;
                 (Arc::new(gcs), prefix)
             }
@@ -129,6 +176,11 @@ impl Store {
                 for (key, value, suffix) in CLIENT_DEFAULTS {
                     if client_default("AZURE", suffix) {
                         b = b.with_config(object_store::azure::AzureConfigKey::Client(key), value);
+                    }
+                }
+                for (k, v) in extra {
+                    if let Ok(key) = k.to_ascii_lowercase().parse() {
+                        b = b.with_config(key, v);
                     }
                 }
                 let az = b.build().map_err(cfg("az"))?;
