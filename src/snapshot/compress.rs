@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use crate::store::layout::Compression;
 
 /// zstd level: 3 is zstd's default, fast enough to keep up with etcd's snapshot stream on one core.
-pub const ZSTD_LEVEL: i32 = 3;
+pub const ZSTD_LEVEL: i32 = 1;
 
 pub enum Compressor {
     Zstd(zstd::stream::write::Encoder<'static, Vec<u8>>),

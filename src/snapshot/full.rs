@@ -138,8 +138,24 @@ pub async fn take_full(
         .snapshot()
         .await
         .map_err(etcd("start the snapshot stream"))?;
-    let chunks = async_stream_of(&mut stream);
-    let (raw_bytes, sha, writer) = upload_stream(store, &key, &header, compression, chunks).await?;
+    // Read etcd's stream on its own task so network reads overlap compression and upload; the
+    // bounded channel keeps at most READ_AHEAD messages (etcd sends 32 KiB each) in memory.
+    const READ_AHEAD: usize = 32;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, SnapshotError>>(READ_AHEAD);
+    let reader = tokio::spawn(async move {
+        let chunks = async_stream_of(&mut stream);
+        let mut chunks = std::pin::pin!(chunks);
+        while let Some(c) = futures_util::StreamExt::next(&mut chunks).await {
+            let failed = c.is_err();
+            if tx.send(c).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    let chunks = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    let result = upload_stream(store, &key, &header, compression, chunks).await;
+    reader.abort();
+    let (raw_bytes, sha, writer) = result?;
     let revision_after = client
         .status()
         .await
