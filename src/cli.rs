@@ -192,3 +192,91 @@ async fn verify_cmd(url: &str, as_json: bool) -> i32 {
         }
     }
 }
+
+/// `etcd-warden restore`: offline restore into a new data dir. Ctrl-C stops it and leaves the target
+/// untouched (the work dir beside it is removed on the next attempt).
+pub async fn restore(
+    args: crate::config::RestoreArgs,
+    reaper: crate::pid1::Reaper,
+    mut signals: tokio::sync::mpsc::UnboundedReceiver<crate::signals::SignalEvent>,
+) -> i32 {
+    use crate::restore::{RestoreOptions, Target};
+    let store = match open_store(&args.store) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    if !crate::restore::execute::is_empty_dir(&args.data_dir) {
+        eprintln!(
+            "etcd-warden: --data-dir {:?}: exists and is not empty (restore into a new or empty directory; nothing was changed)",
+            args.data_dir
+        );
+        return EX_USAGE;
+    }
+    let etcd = match crate::config::resolve_program_str(&args.etcd) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("etcd-warden: --etcd: {e}");
+            return EX_USAGE;
+        }
+    };
+    let target = match (args.to_revision, &args.to_time) {
+        (Some(r), _) if r < 1 => {
+            eprintln!("etcd-warden: --to-revision {r}: revisions start at 1");
+            return EX_USAGE;
+        }
+        (Some(r), _) => Target::Revision(r),
+        (None, Some(t)) => match crate::restore::execute::parse_time(t) {
+            Ok(ms) => Target::Time(ms),
+            Err(e) => {
+                eprintln!("etcd-warden: --to-time {e}");
+                return EX_USAGE;
+            }
+        },
+        (None, None) => Target::Latest,
+    };
+    let data_dir = if args.data_dir.is_absolute() {
+        args.data_dir.clone()
+    } else {
+        std::env::current_dir().unwrap_or_default().join(&args.data_dir)
+    };
+    let opts = RestoreOptions {
+        data_dir,
+        etcd,
+        tool: args.etcdutl.clone(),
+        name: args.name.clone(),
+        initial_cluster: args.initial_cluster.clone(),
+        initial_advertise_peer_urls: args.initial_advertise_peer_urls.clone(),
+        initial_cluster_token: args.initial_cluster_token.clone(),
+        target,
+    };
+    let work = crate::restore::restore(&store, &opts, &reaper);
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            r = &mut work => {
+                return match r {
+                    Ok(report) => {
+                        println!(
+                            "restored {} at revision {} from {} (+{} deltas, {} revisions applied) in {:.1}s",
+                            opts.data_dir.display(), report.revision, report.full, report.deltas, report.revisions_applied, report.seconds
+                        );
+                        for (key, why) in &report.skipped {
+                            println!("WARNING: skipped {key}: {why}");
+                        }
+                        0
+                    }
+                    Err(e) => {
+                        eprintln!("etcd-warden: restore failed: {}", crate::telemetry::error_chain(&e));
+                        1
+                    }
+                };
+            }
+            Some(ev) = signals.recv() => {
+                if let crate::signals::SignalEvent::Stop(sig) = ev {
+                    eprintln!("etcd-warden: {sig}: restore interrupted; {} was not changed", opts.data_dir.display());
+                    return 130;
+                }
+            }
+        }
+    }
+}

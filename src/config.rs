@@ -53,6 +53,42 @@ pub enum Command {
     /// Inspect the backups in a store.
     #[command(subcommand)]
     Backups(BackupsCommand),
+    /// Restore etcd's data dir from the store (offline), to the newest backup or a point in time.
+    Restore(RestoreArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// Where the backups are: file:///dir, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix
+    #[arg(long, env = "ETCD_WARDEN_STORE", value_name = "URL")]
+    pub store: String,
+    /// The data dir to create; it must not exist or be empty.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: PathBuf,
+    /// Stop at this revision.
+    #[arg(long, value_name = "N", conflicts_with = "to_time")]
+    pub to_revision: Option<i64>,
+    /// Stop at the newest delta written at or before this time (RFC 3339).
+    #[arg(long, value_name = "RFC3339")]
+    pub to_time: Option<String>,
+    /// The restored member's name (as etcd's --name).
+    #[arg(long, default_value = "default")]
+    pub name: String,
+    /// As etcd's --initial-cluster [default: NAME=http://localhost:2380].
+    #[arg(long)]
+    pub initial_cluster: Option<String>,
+    /// As etcd's --initial-advertise-peer-urls [default: http://localhost:2380].
+    #[arg(long)]
+    pub initial_advertise_peer_urls: Option<String>,
+    /// As etcd's --initial-cluster-token.
+    #[arg(long)]
+    pub initial_cluster_token: Option<String>,
+    /// The etcd binary (runs the private etcd that applies deltas; etcdutl/etcdctl are found beside it).
+    #[arg(long, default_value = "etcd", value_name = "PATH")]
+    pub etcd: String,
+    /// etcdutl (3.5+) or etcdctl (3.4), when not beside etcd.
+    #[arg(long, value_name = "PATH")]
+    pub etcdutl: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -471,6 +507,10 @@ fn check_data_dir(path: &Path) -> Result<(), ConfigError> {
 }
 
 /// Finds the etcd binary the way a shell would, and checks it can be executed.
+pub fn resolve_program_str(program: &str) -> Result<PathBuf, ConfigError> {
+    resolve_program(&OsString::from(program), std::env::var("PATH").ok().as_deref())
+}
+
 fn resolve_program(program: &OsString, path_var: Option<&str>) -> Result<PathBuf, ConfigError> {
     let name = program.to_string_lossy().into_owned();
     let is_exec = |p: &Path| {

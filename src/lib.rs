@@ -11,6 +11,7 @@ pub mod notify;
 pub mod pid1;
 pub mod probe;
 pub mod readiness;
+pub mod restore;
 pub mod run;
 pub mod signals;
 pub mod snapshot;

@@ -5,7 +5,7 @@ use std::process::exit;
 use std::time::Duration;
 
 use clap::Parser;
-use etcd_warden::config::{Cli, Command, ProbeArgs, RunArgs, RunConfig};
+use etcd_warden::config::{Cli, Command, ProbeArgs, RestoreArgs, RunArgs, RunConfig};
 use etcd_warden::{cli, http, pid1, probe, run, signals, telemetry};
 
 /// Bad usage or configuration (sysexits EX_USAGE).
@@ -21,6 +21,7 @@ fn main() {
         Command::Probe(args) => probe_command(args),
         Command::Snapshot(args) => one_shot(cli::snapshot(args)),
         Command::Backups(cmd) => one_shot(cli::backups(cmd)),
+        Command::Restore(args) => restore_command(args),
     };
     exit(code);
 }
@@ -115,6 +116,42 @@ fn run_command(args: RunArgs) -> i32 {
 /// Runs a one-shot command on a small runtime, with warnings on stderr.
 fn one_shot(fut: impl std::future::Future<Output = i32>) -> i32 {
     telemetry::init_logging(telemetry::LogFormat::Text);
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => {
+            let code = rt.block_on(fut);
+            rt.shutdown_timeout(Duration::from_secs(1));
+            code
+        }
+        Err(err) => {
+            eprintln!("etcd-warden: start runtime: {err}");
+            1
+        }
+    }
+}
+
+/// `restore` spawns etcdutl and a private etcd, so it needs the reaper and its signal thread.
+fn restore_command(args: RestoreArgs) -> i32 {
+    telemetry::init_logging(telemetry::LogFormat::Text);
+    let reaper = pid1::Reaper::new();
+    if let Err(err) = pid1::become_reaper() {
+        eprintln!("etcd-warden: become the child subreaper: {err}");
+        return 1;
+    }
+    let signals = match signals::start(reaper.clone()) {
+        Ok(rx) => rx,
+        Err(err) => {
+            eprintln!("etcd-warden: install signal handlers: {err}");
+            return 1;
+        }
+    };
+    one_shot_quiet(cli::restore(args, reaper, signals))
+}
+
+fn one_shot_quiet(fut: impl std::future::Future<Output = i32>) -> i32 {
     match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -53,11 +53,13 @@ impl fmt::Display for ExitStatus {
     }
 }
 
-/// A child spawned through the reaper: its pid and, later, its exit status.
+/// A child spawned through the reaper: its pid, its piped output if any, and later its exit status.
 #[derive(Debug)]
 pub struct Spawned {
     pub pid: u32,
     pub exit: oneshot::Receiver<ExitStatus>,
+    pub stdout: Option<std::process::ChildStdout>,
+    pub stderr: Option<std::process::ChildStderr>,
 }
 
 #[derive(Default)]
@@ -80,13 +82,19 @@ impl Reaper {
     /// Spawns `cmd` and registers its pid before the reaper can see it exit.
     pub fn spawn(&self, cmd: &mut Command) -> io::Result<Spawned> {
         let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
-        let child = cmd.spawn()?;
+        let mut child = cmd.spawn()?;
         let pid = child.id();
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
         // Dropping a std Child neither waits nor kills; the reaper owns its status from here.
         drop(child);
         let (tx, rx) = oneshot::channel();
         registry.waiting.insert(pid as i32, tx);
-        Ok(Spawned { pid, exit: rx })
+        Ok(Spawned {
+            pid,
+            exit: rx,
+            stdout,
+            stderr,
+        })
     }
 
     /// Collects every exited child. Call on each SIGCHLD, and once at start.
@@ -123,6 +131,39 @@ impl Reaper {
     pub fn orphans_reaped(&self) -> u64 {
         self.orphans_reaped.load(Ordering::Relaxed)
     }
+}
+
+/// Runs a helper program to completion through the reaper, capturing its output (for etcdutl,
+/// etcdctl, `etcd --version`). Output is read on threads so a chatty tool cannot block on a full pipe.
+pub async fn run_to_completion(
+    reaper: &Reaper,
+    cmd: &mut Command,
+) -> io::Result<(ExitStatus, String, String)> {
+    use std::io::Read;
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let spawned = reaper.spawn(cmd)?;
+    let read = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            if let Some(mut r) = r {
+                let mut buf = Vec::new();
+                let _ = r.read_to_end(&mut buf);
+                s = String::from_utf8_lossy(&buf).into_owned();
+            }
+            s
+        })
+    };
+    let out = read(spawned.stdout.map(|o| Box::new(o) as Box<dyn Read + Send>));
+    let err = read(spawned.stderr.map(|o| Box::new(o) as Box<dyn Read + Send>));
+    let status = spawned
+        .exit
+        .await
+        .map_err(|_| io::Error::other("the reaper dropped the exit status"))?;
+    let out = out.join().unwrap_or_default();
+    let err = err.join().unwrap_or_default();
+    Ok((status, out, err))
 }
 
 /// What the warden is in its process tree.

@@ -1,0 +1,527 @@
+//! Carrying out a restore plan, with nothing lost on the way (rule 3).
+//!
+//! Everything is built in `<data-dir>.restore-<time>/` beside the target, on the same filesystem:
+//! the full snapshot is downloaded and verified, restored with etcd's own tool (etcdutl for 3.5+,
+//! etcdctl for 3.4), and the deltas are applied through a private etcd on loopback ports, each
+//! original revision as exactly one transaction, so revisions and every key's mod_revision come out
+//! identical. Only when that is complete is the result renamed into place. A candidate that fails
+//! verification is reported and the next (older) one is tried.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime};
+
+use etcd_client::{Client, LeaseGrantOptions, Txn, TxnOp};
+use thiserror::Error;
+
+use super::plan::{self, Candidate, Target};
+use crate::pid1::{ExitStatus, Reaper, run_to_completion};
+use crate::snapshot::delta_codec::{EventType, Record};
+use crate::snapshot::verify::{read_delta, read_full_to_file};
+use crate::store::layout::Kind;
+use crate::store::{Store, StoreError};
+
+/// What to restore into, with the cluster flags for the restored member.
+#[derive(Debug, Clone)]
+pub struct RestoreOptions {
+    pub data_dir: PathBuf,
+    /// The etcd binary: runs the private etcd, and etcdutl/etcdctl are looked up beside it.
+    pub etcd: PathBuf,
+    /// etcdutl or etcdctl, when not beside etcd.
+    pub tool: Option<PathBuf>,
+    pub name: String,
+    pub initial_cluster: Option<String>,
+    pub initial_advertise_peer_urls: Option<String>,
+    pub initial_cluster_token: Option<String>,
+    pub target: Target,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RestoreReport {
+    pub full: String,
+    pub deltas: usize,
+    pub revisions_applied: u64,
+    pub revision: i64,
+    /// Candidates tried before the one used, with why they failed.
+    pub skipped: Vec<(String, String)>,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Error)]
+pub enum RestoreError {
+    #[error("{path}: the target data dir is not empty (restore into a new or empty directory)")]
+    NotEmpty { path: PathBuf },
+    #[error("the store {url} has no backup that can be restored{detail}")]
+    NoBackup { url: String, detail: String },
+    #[error("every candidate failed: {0}")]
+    AllFailed(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{what} {path}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> RestoreError + 'a {
+    move |source| RestoreError::Io {
+        what,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Whether a path is absent or an empty directory.
+pub fn is_empty_dir(path: &Path) -> bool {
+    match std::fs::read_dir(path) {
+        Ok(mut it) => it.next().is_none(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
+/// Restores the store's best chain for `opts.target` into `opts.data_dir`.
+pub async fn restore(
+    store: &Store,
+    opts: &RestoreOptions,
+    reaper: &Reaper,
+) -> Result<RestoreReport, RestoreError> {
+    let started = Instant::now();
+    if !is_empty_dir(&opts.data_dir) {
+        return Err(RestoreError::NotEmpty {
+            path: opts.data_dir.clone(),
+        });
+    }
+    let fulls: Vec<_> = store.list_fulls().await?.into_iter().map(|(n, _)| n).collect();
+    let mut chains = std::collections::BTreeMap::new();
+    for f in &fulls {
+        let base = f.last_revision();
+        chains.insert(
+            base,
+            store
+                .list_chain(base)
+                .await?
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect::<Vec<_>>(),
+        );
+    }
+    let candidates = plan::candidates(
+        &fulls,
+        &|b| chains.get(&b).cloned().unwrap_or_default(),
+        opts.target,
+    );
+    if candidates.is_empty() {
+        let detail = if fulls.is_empty() {
+            String::new()
+        } else {
+            format!(" for {:?}", opts.target)
+        };
+        return Err(RestoreError::NoBackup {
+            url: store.url.to_string(),
+            detail,
+        });
+    }
+    let stamp = crate::store::layout::format_time(crate::store::layout::now_ms());
+    let mut work = opts.data_dir.clone().into_os_string();
+    work.push(format!(".restore-{stamp}"));
+    let work = PathBuf::from(work);
+    let mut skipped = Vec::new();
+    for cand in candidates {
+        let _ = std::fs::remove_dir_all(&work);
+        std::fs::create_dir_all(&work).map_err(io("create the work dir", &work))?;
+        tracing::info!(full = %cand.full.key(), deltas = cand.deltas.len(), target_revision = cand.target_revision, "restoring");
+        match attempt(store, opts, reaper, &cand, &work).await {
+            Ok((revision, applied)) => {
+                let built = work.join("data");
+                if opts.data_dir.exists() {
+                    std::fs::remove_dir(&opts.data_dir)
+                        .map_err(io("remove the empty target dir", &opts.data_dir))?;
+                }
+                if let Some(parent) = opts.data_dir.parent() {
+                    std::fs::create_dir_all(parent).map_err(io("create the parent of", &opts.data_dir))?;
+                }
+                std::fs::rename(&built, &opts.data_dir)
+                    .map_err(io("move the restored data into", &opts.data_dir))?;
+                if let Some(parent) = opts.data_dir.parent() {
+                    sync_path(parent);
+                }
+                let _ = std::fs::remove_dir_all(&work);
+                if !skipped.is_empty() {
+                    tracing::error!(used = %cand.full.key(), skipped = ?skipped, "restored from an OLDER chain: newer backups failed verification");
+                }
+                return Ok(RestoreReport {
+                    full: cand.full.key(),
+                    deltas: cand.deltas.len(),
+                    revisions_applied: applied,
+                    revision,
+                    skipped,
+                    seconds: started.elapsed().as_secs_f64(),
+                });
+            }
+            Err(reason) => {
+                tracing::error!(full = %cand.full.key(), reason = %reason, "restore candidate failed; trying an older one");
+                skipped.push((cand.full.key(), reason));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    Err(RestoreError::AllFailed(
+        skipped
+            .iter()
+            .map(|(k, r)| format!("{k}: {r}"))
+            .collect::<Vec<_>>()
+            .join("; "),
+    ))
+}
+
+/// The tool that restores a snapshot file: etcdutl beside etcd (3.5+), else etcdctl (3.4).
+pub fn restore_tool(opts: &RestoreOptions) -> Option<PathBuf> {
+    if let Some(t) = &opts.tool {
+        return Some(t.clone());
+    }
+    ["etcdutl", "etcdctl"]
+        .iter()
+        .map(|n| opts.etcd.with_file_name(n))
+        .find(|p| p.exists())
+}
+
+async fn attempt(
+    store: &Store,
+    opts: &RestoreOptions,
+    reaper: &Reaper,
+    cand: &Candidate,
+    work: &Path,
+) -> Result<(i64, u64), String> {
+    let db = work.join("snapshot.db");
+    let t = Instant::now();
+    let verified = read_full_to_file(store, &cand.full, &db).await?;
+    tracing::info!(
+        bytes = verified.footer.raw_bytes,
+        secs = t.elapsed().as_secs_f64(),
+        "full snapshot downloaded and verified"
+    );
+
+    let tool = restore_tool(opts)
+        .ok_or_else(|| format!("neither etcdutl nor etcdctl beside {}", opts.etcd.display()))?;
+    let data = work.join("data");
+    let mut cmd = Command::new(&tool);
+    if tool.file_name().is_some_and(|n| n == "etcdctl") {
+        cmd.env("ETCDCTL_API", "3");
+    }
+    cmd.arg("snapshot")
+        .arg("restore")
+        .arg(&db)
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--name")
+        .arg(&opts.name);
+    if let Some(c) = &opts.initial_cluster {
+        cmd.arg("--initial-cluster").arg(c);
+    }
+    if let Some(p) = &opts.initial_advertise_peer_urls {
+        cmd.arg("--initial-advertise-peer-urls").arg(p);
+    }
+    if let Some(tok) = &opts.initial_cluster_token {
+        cmd.arg("--initial-cluster-token").arg(tok);
+    }
+    let (status, _out, err) = run_to_completion(reaper, &mut cmd)
+        .await
+        .map_err(|e| format!("run {}: {e}", tool.display()))?;
+    if status != ExitStatus::Code(0) {
+        return Err(format!(
+            "{} snapshot restore failed ({status}): {}",
+            tool.display(),
+            err.trim()
+        ));
+    }
+    let _ = std::fs::remove_file(&db);
+
+    let needs_private = !cand.deltas.is_empty() || cand.stop_at.is_some();
+    if !needs_private {
+        return Ok((cand.full.last_revision(), 0));
+    }
+    let private = PrivateEtcd::start(reaper, &opts.etcd, &data, &opts.name).await?;
+    let result = apply_deltas(store, &private, cand).await;
+    private.stop().await;
+    let (revision, applied) = result?;
+    sync_tree(&data);
+    Ok((revision, applied))
+}
+
+async fn apply_deltas(store: &Store, private: &PrivateEtcd, cand: &Candidate) -> Result<(i64, u64), String> {
+    let mut client = private.client().await?;
+    let mut current = client
+        .get("\0", None)
+        .await
+        .map_err(|e| format!("read the restored revision: {e}"))?
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or(0);
+    tracing::info!(revision = current, "full snapshot restored; applying deltas");
+    if let Some(stop) = cand.stop_at
+        && current > stop
+    {
+        return Err(format!(
+            "the full snapshot already holds revision {current}, past the target {stop}"
+        ));
+    }
+    // Leases present in the snapshot and granted during replay are kept alive while we replay, so no
+    // expiry inserts revisions the original history did not have.
+    let mut leases: HashSet<i64> = client
+        .leases()
+        .await
+        .map(|r| r.leases().iter().map(|l| l.id()).collect())
+        .unwrap_or_default();
+    let mut last_keepalive = Instant::now();
+    let mut applied = 0u64;
+    let mut prefetch: Option<tokio::task::JoinHandle<Result<Vec<Record>, String>>> = None;
+    for (i, delta) in cand.deltas.iter().enumerate() {
+        let records = match prefetch.take() {
+            Some(h) => h.await.map_err(|e| e.to_string())??,
+            None => read_delta(store, delta).await?,
+        };
+        // Fetch the next delta while this one is applied.
+        if let Some(next) = cand.deltas.get(i + 1) {
+            let (store, next) = (store.clone(), *next);
+            prefetch = Some(tokio::spawn(async move { read_delta(&store, &next).await }));
+        }
+        for rec in records {
+            match rec {
+                Record::Lease(l) => {
+                    if leases.contains(&l.id) || l.granted_ttl <= 0 {
+                        continue;
+                    }
+                    match client
+                        .lease_grant(l.granted_ttl, Some(LeaseGrantOptions::new().with_id(l.id)))
+                        .await
+                    {
+                        Ok(_) => {
+                            leases.insert(l.id);
+                        }
+                        Err(e) if e.to_string().contains("lease already exists") => {
+                            leases.insert(l.id);
+                        }
+                        Err(e) => return Err(format!("grant lease {:x}: {e}", l.id)),
+                    }
+                }
+                Record::Revision(r) => {
+                    if r.revision <= current {
+                        continue; // already in the full snapshot (or an overlapping delta)
+                    }
+                    if cand.stop_at.is_some_and(|s| r.revision > s) {
+                        return Ok((current, applied));
+                    }
+                    if r.revision != current + 1 {
+                        return Err(format!(
+                            "revision {} does not follow {current} in {}",
+                            r.revision,
+                            delta.key()
+                        ));
+                    }
+                    let ops: Vec<TxnOp> = r
+                        .events
+                        .iter()
+                        .map(|e| match e.kind {
+                            EventType::Put => {
+                                let opts = (e.lease != 0 && leases.contains(&e.lease))
+                                    .then(|| etcd_client::PutOptions::new().with_lease(e.lease));
+                                TxnOp::put(e.key.clone(), e.value.clone(), opts)
+                            }
+                            EventType::Delete => TxnOp::delete(e.key.clone(), None),
+                        })
+                        .collect();
+                    let resp = client
+                        .txn(Txn::new().and_then(ops))
+                        .await
+                        .map_err(|e| format!("apply revision {}: {e}", r.revision))?;
+                    let got = resp.header().map(|h| h.revision()).unwrap_or(0);
+                    if got != r.revision {
+                        return Err(format!(
+                            "applying revision {} produced revision {got}",
+                            r.revision
+                        ));
+                    }
+                    current = got;
+                    applied += 1;
+                }
+            }
+            if last_keepalive.elapsed() > Duration::from_secs(1) && !leases.is_empty() {
+                keep_alive(&mut client, &leases).await;
+                last_keepalive = Instant::now();
+            }
+        }
+        if let Kind::Delta { last, .. } = delta.kind {
+            tracing::info!(
+                delta = i + 1,
+                of = cand.deltas.len(),
+                revision = current,
+                through = last,
+                "delta applied"
+            );
+        }
+    }
+    Ok((current, applied))
+}
+
+async fn keep_alive(client: &mut Client, leases: &HashSet<i64>) {
+    for id in leases {
+        if let Ok((mut keeper, mut stream)) = client.lease_keep_alive(*id).await {
+            let _ = keeper.keep_alive().await;
+            let _ = tokio::time::timeout(Duration::from_secs(1), stream.message()).await;
+        }
+    }
+}
+
+/// A throwaway etcd on loopback ports that only the restore knows.
+struct PrivateEtcd {
+    pid: u32,
+    exit: tokio::sync::oneshot::Receiver<ExitStatus>,
+    endpoint: String,
+    stopped: bool,
+}
+
+impl Drop for PrivateEtcd {
+    /// An interrupted restore must not leave the private etcd running.
+    fn drop(&mut self) {
+        if !self.stopped {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("find a free loopback port: {e}"))
+}
+
+impl PrivateEtcd {
+    async fn start(reaper: &Reaper, etcd: &Path, data: &Path, name: &str) -> Result<Self, String> {
+        let log_path = data.with_file_name("private-etcd.log");
+        let log =
+            std::fs::File::create(&log_path).map_err(|e| format!("create {}: {e}", log_path.display()))?;
+        let (client_port, peer_port) = (free_port()?, free_port()?);
+        let endpoint = format!("http://127.0.0.1:{client_port}");
+        let (_, version, _) = run_to_completion(reaper, Command::new(etcd).arg("--version"))
+            .await
+            .map_err(|e| format!("run {} --version: {e}", etcd.display()))?;
+        let mut cmd = Command::new(etcd);
+        cmd.arg("--name")
+            .arg(name)
+            .arg("--data-dir")
+            .arg(data)
+            .arg("--listen-client-urls")
+            .arg(&endpoint)
+            .arg("--advertise-client-urls")
+            .arg(&endpoint)
+            .arg("--listen-peer-urls")
+            .arg(format!("http://127.0.0.1:{peer_port}"))
+            .arg("--log-level")
+            .arg("error")
+            .arg("--quota-backend-bytes")
+            .arg((8u64 << 30).to_string())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log);
+        if !version.contains("etcd Version: 3.4") {
+            // 3.5+: skip fsync while replaying; the warden syncs the files once before the swap.
+            cmd.arg("--unsafe-no-fsync");
+        }
+        for (k, _) in std::env::vars() {
+            if k.starts_with("ETCD_") {
+                cmd.env_remove(k);
+            }
+        }
+        let spawned = reaper
+            .spawn(&mut cmd)
+            .map_err(|e| format!("start the private etcd: {e}"))?;
+        let mut me = Self {
+            pid: spawned.pid,
+            exit: spawned.exit,
+            endpoint,
+            stopped: false,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(status) = me.exit.try_recv() {
+                me.stopped = true;
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let tail: String = log.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
+                return Err(format!("the private etcd exited at start ({status}): {tail}"));
+            }
+            if let Ok(mut c) = me.client().await
+                && c.get("\0", None).await.is_ok()
+            {
+                return Ok(me);
+            }
+            if Instant::now() > deadline {
+                me.stop().await;
+                return Err("the private etcd did not come up within 60 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn client(&self) -> Result<Client, String> {
+        let opts = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_timeout(Duration::from_secs(30));
+        Client::connect([self.endpoint.as_str()], Some(opts))
+            .await
+            .map_err(|e| format!("connect to the private etcd: {e}"))
+    }
+
+    async fn stop(mut self) {
+        self.stopped = true;
+        let pid = nix::unistd::Pid::from_raw(self.pid as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        if tokio::time::timeout(Duration::from_secs(30), &mut self.exit)
+            .await
+            .is_err()
+        {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.exit).await;
+        }
+    }
+}
+
+fn sync_path(p: &Path) {
+    if let Ok(f) = std::fs::File::open(p) {
+        let _ = f.sync_all();
+    }
+}
+
+/// fsyncs every file and directory under `root` (the private etcd ran without fsync).
+fn sync_tree(root: &Path) {
+    let mut stack = vec![root.to_owned()];
+    while let Some(d) = stack.pop() {
+        if let Ok(rd) = std::fs::read_dir(&d) {
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    sync_path(&p);
+                }
+            }
+        }
+        sync_path(&d);
+    }
+}
+
+/// A time for `--to-time`.
+pub fn parse_time(s: &str) -> Result<u64, String> {
+    humantime::parse_rfc3339_weak(s)
+        .map_err(|e| format!("{s:?}: {e} (write RFC 3339, e.g. 2026-11-29T16:30:00Z)"))?
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .map_err(|_| format!("{s:?}: before 1970"))
+}

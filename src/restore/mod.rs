@@ -1,0 +1,8 @@
+//! Restore: plan (pure: which objects, which revisions) then execute (work dir beside the target,
+//! etcd's own restore tool, deltas through a private etcd, atomic swap).
+
+pub mod execute;
+pub mod plan;
+
+pub use execute::{RestoreOptions, RestoreReport, restore};
+pub use plan::Target;

@@ -1,0 +1,187 @@
+//! Which objects a restore uses: a pure function of the store's listing and the target.
+//!
+//! Candidates are chains, newest first: a full snapshot plus the contiguous run of its deltas that
+//! reaches the target. The executor tries them in order; when one fails verification it falls back
+//! to the next and says so. A chain whose deltas have a gap ends at the gap (its later deltas are
+//! unusable), which is still a valid, older point in time.
+
+use crate::store::layout::{Kind, SnapshotName};
+
+/// How far to restore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// Everything the store has.
+    Latest,
+    /// Stop after this revision (point in time by revision).
+    Revision(i64),
+    /// Stop after the last delta created at or before this Unix time in milliseconds. Deltas are
+    /// applied whole (a delta's events carry no timestamps), so the result is the state as of the
+    /// newest delta written before the time.
+    Time(u64),
+}
+
+/// One way to restore: a full snapshot and the deltas to apply after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub full: SnapshotName,
+    pub deltas: Vec<SnapshotName>,
+    /// The revision the restore ends at, if known from the names (a full snapshot's true revision
+    /// may exceed its name's lower bound when no delta follows).
+    pub target_revision: i64,
+    /// Apply revisions up to and including this one (`None`: all of the listed deltas).
+    pub stop_at: Option<i64>,
+}
+
+/// Candidates in preference order (newest usable first).
+pub fn candidates(
+    fulls: &[SnapshotName],
+    chain_of: &dyn Fn(i64) -> Vec<SnapshotName>,
+    target: Target,
+) -> Vec<Candidate> {
+    let mut fulls: Vec<&SnapshotName> = fulls
+        .iter()
+        .filter(|f| match target {
+            Target::Latest => true,
+            Target::Revision(r) => f.last_revision() <= r,
+            Target::Time(t) => f.created_ms <= t,
+        })
+        .collect();
+    fulls.sort_by_key(|f| (f.last_revision(), f.created_ms));
+    let mut out = Vec::new();
+    for full in fulls.into_iter().rev() {
+        let base = full.last_revision();
+        let mut deltas: Vec<SnapshotName> = chain_of(base)
+            .into_iter()
+            .filter(|d| matches!(d.kind, Kind::Delta { base: b, .. } if b == base))
+            .collect();
+        deltas.sort_by_key(|d| match d.kind {
+            Kind::Delta { first, last, .. } => (first, last, d.created_ms),
+            Kind::Full { .. } => (0, 0, 0),
+        });
+        let mut chosen = Vec::new();
+        let mut next = base + 1;
+        for d in deltas {
+            let Kind::Delta { first, last, .. } = d.kind else {
+                continue;
+            };
+            if last < next {
+                continue; // fully covered by what we have (an overlapping retry)
+            }
+            if first > next {
+                break; // a gap: the chain ends here
+            }
+            match target {
+                Target::Revision(r) if first > r => break,
+                Target::Time(t) if d.created_ms > t => break,
+                _ => {}
+            }
+            chosen.push(d);
+            next = last + 1;
+        }
+        let reached = next - 1;
+        let (target_revision, stop_at) = match target {
+            Target::Revision(r) if reached >= r => (r, Some(r)),
+            Target::Revision(_) => (reached, None),
+            _ => (reached, None),
+        };
+        out.push(Candidate {
+            full: *full,
+            deltas: chosen,
+            target_revision,
+            stop_at,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::layout::{Compression, Encryption};
+
+    fn full(rev: i64, t: u64) -> SnapshotName {
+        SnapshotName {
+            kind: Kind::Full {
+                revision: rev,
+                is_final: false,
+            },
+            created_ms: t,
+            compression: Compression::Zstd,
+            encryption: Encryption::Plain,
+        }
+    }
+    fn delta(base: i64, first: i64, last: i64, t: u64) -> SnapshotName {
+        SnapshotName {
+            kind: Kind::Delta { base, first, last },
+            ..full(0, t)
+        }
+    }
+
+    fn chains(ds: Vec<SnapshotName>) -> impl Fn(i64) -> Vec<SnapshotName> {
+        move |base| {
+            ds.iter()
+                .filter(|d| matches!(d.kind, Kind::Delta { base: b, .. } if b == base))
+                .copied()
+                .collect()
+        }
+    }
+
+    #[test]
+    fn latest_uses_the_newest_chain_and_falls_back_in_order() {
+        let fulls = [full(10, 100), full(50, 500)];
+        let c = chains(vec![
+            delta(10, 11, 30, 200),
+            delta(10, 31, 49, 400),
+            delta(50, 51, 60, 600),
+        ]);
+        let cs = candidates(&fulls, &c, Target::Latest);
+        assert_eq!(cs.len(), 2);
+        assert_eq!(cs[0].full, fulls[1]);
+        assert_eq!(cs[0].target_revision, 60);
+        assert_eq!(cs[1].full, fulls[0]);
+        assert_eq!(cs[1].deltas.len(), 2);
+        assert_eq!(cs[1].target_revision, 49);
+    }
+
+    #[test]
+    fn point_in_time_by_revision_stops_inside_a_delta() {
+        let fulls = [full(10, 100), full(50, 500)];
+        let c = chains(vec![delta(10, 11, 30, 200), delta(10, 31, 49, 400)]);
+        let cs = candidates(&fulls, &c, Target::Revision(35));
+        assert_eq!(cs.len(), 1, "the full at 50 is past the target");
+        assert_eq!(cs[0].deltas.len(), 2);
+        assert_eq!(cs[0].stop_at, Some(35));
+        assert_eq!(cs[0].target_revision, 35);
+        let cs = candidates(&fulls, &c, Target::Revision(10));
+        assert!(cs[0].deltas.is_empty());
+        assert_eq!(cs[0].stop_at, Some(10));
+    }
+
+    #[test]
+    fn point_in_time_by_time_and_gaps() {
+        let fulls = [full(10, 100)];
+        let c = chains(vec![
+            delta(10, 11, 20, 200),
+            delta(10, 21, 30, 300),
+            delta(10, 35, 40, 400),
+        ]);
+        let cs = candidates(&fulls, &c, Target::Time(250));
+        assert_eq!(cs[0].deltas.len(), 1);
+        assert_eq!(cs[0].target_revision, 20);
+        let cs = candidates(&fulls, &c, Target::Latest);
+        assert_eq!(cs[0].target_revision, 30, "the chain ends at the gap");
+    }
+
+    #[test]
+    fn overlapping_retry_is_skipped() {
+        let fulls = [full(10, 100)];
+        let c = chains(vec![
+            delta(10, 11, 20, 200),
+            delta(10, 11, 25, 210),
+            delta(10, 26, 30, 300),
+        ]);
+        let cs = candidates(&fulls, &c, Target::Latest);
+        // 11-20 then 11-25 overlaps (first < next) but extends: it is taken from 21 on.
+        assert_eq!(cs[0].target_revision, 30);
+    }
+}

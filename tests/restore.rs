@@ -1,0 +1,332 @@
+//! Restore against real etcd 3.4/3.5: exact to the revision and every key's mod_revision, with a
+//! full snapshot taken under writes, deletes, overwrites, multi-key transactions and leases; point
+//! in time; fallback to an older chain when the newest full snapshot is corrupt; bad input.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::*;
+use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
+use nix::sys::signal::Signal;
+
+const START: Duration = Duration::from_secs(30);
+
+type Kv = (Vec<u8>, Vec<u8>, i64, i64, i64, i64); // key, value, create, mod, version, lease
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn client(ip: &str) -> Client {
+    Client::connect([format!("http://{ip}:2379")], None)
+        .await
+        .unwrap()
+}
+
+/// Every key (with its revisions and lease) and the store revision, optionally as of `rev`.
+async fn dump(c: &mut Client, rev: Option<i64>) -> (i64, Vec<Kv>) {
+    let mut opts = GetOptions::new().with_all_keys();
+    if let Some(r) = rev {
+        opts = opts.with_revision(r);
+    }
+    let resp = c.get(vec![0u8], Some(opts)).await.unwrap();
+    let kvs = resp
+        .kvs()
+        .iter()
+        .map(|kv| {
+            (
+                kv.key().to_vec(),
+                kv.value().to_vec(),
+                kv.create_revision(),
+                kv.mod_revision(),
+                kv.version(),
+                kv.lease(),
+            )
+        })
+        .collect();
+    (rev.unwrap_or_else(|| resp.header().unwrap().revision()), kvs)
+}
+
+/// A mix of writes: puts, overwrites, deletes and multi-key transactions.
+async fn write_mix(c: &mut Client, round: u64) {
+    let k = |i: u64| format!("/registry/pods/ns{}/p{}", i % 3, i % 40);
+    c.put(k(round), format!("v{round}"), None).await.unwrap();
+    if round % 5 == 0 {
+        c.delete(k(round + 7), None).await.unwrap();
+    }
+    if round % 7 == 0 {
+        let ops = vec![
+            TxnOp::put(k(round + 1), format!("txn-{round}-a"), None),
+            TxnOp::put(k(round + 2), format!("txn-{round}-b"), None),
+            TxnOp::delete(k(round + 3), None),
+        ];
+        c.txn(Txn::new().and_then(ops)).await.unwrap();
+    }
+}
+
+fn backed_up(w: &Warden) -> i64 {
+    w.status()["backup"]["backed_up_revision"].as_i64().unwrap_or(0)
+}
+
+fn restore_cli(store: &str, data: &Path, etcd: &Path, ip: &str, extra: &[&str]) -> (i32, String) {
+    let out = Command::new(WARDEN)
+        .args([
+            "restore",
+            "--store",
+            store,
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--name",
+            "m1",
+        ])
+        .args([
+            "--initial-cluster",
+            &format!("m1=http://{ip}:2380"),
+            "--initial-advertise-peer-urls",
+            &format!("http://{ip}:2380"),
+        ])
+        .args(["--etcd", etcd.to_str().unwrap()])
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn exact_restore(etcd: &Path) {
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, &dir.path().join("data")));
+    let mut w = Warden::start(
+        &ip,
+        &["--store", &store, "--delta-snapshot-period", "200ms"],
+        &argv,
+    );
+    w.wait_ready(START);
+    wait_for("the first full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    let rt = rt();
+
+    // Writes run continuously while a full snapshot is taken (SIGUSR1).
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, ip) = (stop.clone(), ip.clone());
+        std::thread::spawn(move || {
+            let rt = rt_small();
+            rt.block_on(async {
+                let mut c = client(&ip).await;
+                let mut round = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    write_mix(&mut c, round).await;
+                    round += 1;
+                }
+                round
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    w.signal(Signal::SIGUSR1);
+    wait_for("the full snapshot under writes", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(2)).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::SeqCst);
+    let rounds = writer.join().unwrap();
+    assert!(rounds > 20, "too few writes during the snapshot: {rounds}");
+
+    // A lease granted after the last full snapshot: it reaches the store only through deltas.
+    let (lease_id, mid) = rt.block_on(async {
+        let mut c = client(&ip).await;
+        let lease = c.lease_grant(600, None).await.unwrap().id();
+        c.put("/leased/a", "1", Some(PutOptions::new().with_lease(lease)))
+            .await
+            .unwrap();
+        let mid = c.get("x", None).await.unwrap().header().unwrap().revision();
+        for i in 0..10 {
+            write_mix(&mut c, 1000 + i).await;
+        }
+        c.put("/leased/b", "2", Some(PutOptions::new().with_lease(lease)))
+            .await
+            .unwrap();
+        (lease, mid)
+    });
+    let (rev, original) = rt.block_on(async { dump(&mut client(&ip).await, None).await });
+    let (_, at_mid) = rt.block_on(async { dump(&mut client(&ip).await, Some(mid)).await });
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (backed_up(&w) >= rev).then_some(())
+    });
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+
+    // Latest.
+    let ip2 = unique_ip();
+    let restored = dir.path().join("restored");
+    let (code, out) = restore_cli(&store, &restored, etcd, &ip2, &[]);
+    assert_eq!(code, 0, "{out}");
+    let plain = PlainEtcd::start(etcd, &ip2, &restored, "m1");
+    let (rev2, got) = rt.block_on(async { dump(&mut client(&ip2).await, None).await });
+    assert_eq!(rev2, rev, "restored revision differs\n{out}");
+    assert_eq!(got.len(), original.len());
+    for (a, b) in original.iter().zip(&got) {
+        assert_eq!(a, b, "key {:?} differs", String::from_utf8_lossy(&a.0));
+    }
+    let ttl = rt.block_on(async {
+        client(&ip2)
+            .await
+            .lease_time_to_live(lease_id, None)
+            .await
+            .unwrap()
+    });
+    assert_eq!(ttl.granted_ttl(), 600, "lease not restored with its TTL");
+    assert!(
+        ttl.ttl() > 0 && ttl.ttl() <= 600,
+        "lease TTL {} not in (0, 600]",
+        ttl.ttl()
+    );
+    drop(plain);
+
+    // Point in time: a revision in the middle of a delta.
+    let ip3 = unique_ip();
+    let pit = dir.path().join("pit");
+    let (code, out) = restore_cli(&store, &pit, etcd, &ip3, &["--to-revision", &mid.to_string()]);
+    assert_eq!(code, 0, "{out}");
+    let plain = PlainEtcd::start(etcd, &ip3, &pit, "m1");
+    let (rev3, got) = rt.block_on(async { dump(&mut client(&ip3).await, None).await });
+    assert_eq!(rev3, mid, "point-in-time restore ended at {rev3}, wanted {mid}");
+    assert_eq!(got, at_mid, "state at revision {mid} differs");
+    drop(plain);
+}
+
+fn rt_small() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn etcd_3_5_restore_is_exact_including_a_full_snapshot_taken_under_writes() {
+    exact_restore(&etcd35());
+}
+
+#[test]
+fn etcd_3_4_restore_is_exact_including_a_full_snapshot_taken_under_writes() {
+    exact_restore(&etcd34());
+}
+
+#[test]
+fn corrupt_newest_full_falls_back_to_the_older_chain() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    let store = format!("file://{}", store_dir.display());
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, &dir.path().join("data")));
+    let mut w = Warden::start(
+        &ip,
+        &["--store", &store, "--delta-snapshot-period", "200ms"],
+        &argv,
+    );
+    w.wait_ready(START);
+    wait_for("the first full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    let rt = rt();
+    rt.block_on(async {
+        let mut c = client(&ip).await;
+        for i in 0..20 {
+            write_mix(&mut c, i).await;
+        }
+    });
+    let (older_end, _) = rt.block_on(async { dump(&mut client(&ip).await, None).await });
+    wait_for("the first chain in the store", START, || {
+        (backed_up(&w) >= older_end).then_some(())
+    });
+    w.signal(Signal::SIGUSR1);
+    wait_for("the second full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(2)).then_some(())
+    });
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+
+    let newest = std::fs::read_dir(store_dir.join("v1/full"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .max()
+        .unwrap();
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(&newest, bytes).unwrap();
+
+    let ip2 = unique_ip();
+    let restored = dir.path().join("restored");
+    let (code, out) = restore_cli(&store, &restored, &etcd, &ip2, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("WARNING: skipped") && out.contains("checksum"),
+        "the fallback was not reported:\n{out}"
+    );
+    let _plain = PlainEtcd::start(&etcd, &ip2, &restored, "m1");
+    let (rev, _) = rt.block_on(async { dump(&mut client(&ip2).await, None).await });
+    assert_eq!(rev, older_end, "the older chain was not restored to its end");
+}
+
+#[test]
+fn bad_restore_input_is_refused_and_changes_nothing() {
+    let etcd = etcd35();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("empty-store").display());
+    let target = dir.path().join("target");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::write(target.join("keep-me"), "x").unwrap();
+    let ip = unique_ip();
+
+    let (code, out) = restore_cli(&store, &target, &etcd, &ip, &[]);
+    assert_eq!(code, 64, "{out}");
+    assert!(out.contains("not empty"), "{out}");
+    assert_eq!(std::fs::read_to_string(target.join("keep-me")).unwrap(), "x");
+
+    let fresh = dir.path().join("fresh");
+    let (code, out) = restore_cli(&store, &fresh, &etcd, &ip, &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("no backup"), "{out}");
+    assert!(!fresh.exists(), "a failed restore created the target");
+
+    let (code, out) = restore_cli(&store, &fresh, &etcd, &ip, &["--to-time", "yesterday"]);
+    assert_eq!(code, 64, "{out}");
+    let (code, out) = restore_cli("s4://x", &fresh, &etcd, &ip, &[]);
+    assert_eq!(code, 64, "{out}");
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        leftovers
+            .iter()
+            .all(|n| !n.to_string_lossy().contains(".restore-")),
+        "work dir left behind: {leftovers:?}"
+    );
+}
