@@ -8,9 +8,17 @@ use crate::etcd::Health;
 use crate::supervisor::{ChildState, Phase};
 
 /// `Ok` when ready, otherwise the reason shown by `/readyz`.
-pub fn evaluate(child: &ChildState, health: &Health, shutting_down: bool) -> Result<(), String> {
+pub fn evaluate(
+    child: &ChildState,
+    health: &Health,
+    shutting_down: bool,
+    restoring: Option<&str>,
+) -> Result<(), String> {
     if shutting_down {
         return Err("etcd-warden is shutting down".to_owned());
+    }
+    if let Some(what) = restoring {
+        return Err(format!("restoring: {what}"));
     }
     match child.phase {
         Phase::Running if child.pid.is_some() => {}
@@ -98,7 +106,7 @@ mod tests {
         ];
         for (child, health, want) in cases {
             assert_eq!(
-                evaluate(&child, &health, false),
+                evaluate(&child, &health, false, None),
                 want.map_err(str::to_owned),
                 "{child:?} {health:?}"
             );

@@ -42,11 +42,13 @@ pub async fn run(
     let (health_tx, health_rx) = watch::channel(Health::default());
     let (backup_tx, backup_rx) = watch::channel(BackupStatus::default());
     let (stopping_tx, stopping_rx) = watch::channel(false);
+    let (restoring_tx, restoring_rx) = watch::channel(Some("checking the data dir".to_owned()));
     let shared = Shared {
         child: child_rx.clone(),
         health: health_rx.clone(),
         backup: backup_rx,
         shutting_down: stopping_rx,
+        restoring: restoring_rx,
         reaper: reaper.clone(),
         role,
         started_at: SystemTime::now(),
@@ -77,6 +79,38 @@ pub async fn run(
         cancel.child_token(),
     ));
     tracker.spawn(crate::notify::run(shared.clone(), cancel.child_token()));
+
+    // Validate (and if need be restore) the data dir before etcd may start. A stop signal meanwhile
+    // abandons it: the private etcd is killed, the target is left as it was.
+    {
+        let prepare = crate::restore::startup::prepare(&config, &reaper, &restoring_tx);
+        tokio::pin!(prepare);
+        let mut beat = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = beat.tick() => shared.supervisor_heartbeat.beat(),
+                decision = &mut prepare => {
+                    match decision {
+                        Ok(d) => tracing::info!(decision = ?d, "data dir ready"),
+                        Err(e) => {
+                            tracing::error!(error = %e, "start-up restore failed; etcd is not started");
+                            cancel.cancel();
+                            return ExitStatus::Code(1);
+                        }
+                    }
+                    break;
+                }
+                Some(ev) = signals.recv() => {
+                    if let SignalEvent::Stop(sig) = ev {
+                        tracing::warn!(signal = %sig, "stop requested during the start-up check; etcd was not started");
+                        cancel.cancel();
+                        return ExitStatus::Code(128 + sig as i32);
+                    }
+                }
+            }
+        }
+        restoring_tx.send_replace(None);
+    }
     let (backup, backup_handle) = Backup::new(config.backup.clone(), backup_tx, child_rx, health_rx);
     let backup_task = tokio::spawn(backup.run());
 

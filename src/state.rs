@@ -20,6 +20,8 @@ pub struct Shared {
     pub backup: watch::Receiver<BackupStatus>,
     /// Set the moment a graceful stop begins: readiness goes 503 before anything else happens.
     pub shutting_down: watch::Receiver<bool>,
+    /// What the start-up validation or restore is doing; `None` once etcd may start.
+    pub restoring: watch::Receiver<Option<String>>,
     pub reaper: Reaper,
     pub role: InitRole,
     pub started_at: SystemTime,
@@ -34,6 +36,7 @@ impl Shared {
             &self.child.borrow(),
             &self.health.borrow(),
             *self.shutting_down.borrow(),
+            self.restoring.borrow().as_deref(),
         )
     }
 
@@ -41,6 +44,9 @@ impl Shared {
     pub fn phase(&self) -> &'static str {
         if *self.shutting_down.borrow() && self.child.borrow().phase != Phase::Stopped {
             return "stopping";
+        }
+        if self.restoring.borrow().is_some() {
+            return "restoring";
         }
         let child = self.child.borrow();
         match child.phase {
@@ -106,6 +112,7 @@ impl Shared {
             },
             "ownership": { "state": "not_configured", "checked_at": null },
             "backup": self.backup_json(),
+            "restore": { "in_progress": self.restoring.borrow().is_some(), "step": self.restoring.borrow().clone() },
             "warden": {
                 "pid": std::process::id(),
                 "role": match self.role { InitRole::Pid1 => "pid1", InitRole::Subreaper => "subreaper" },

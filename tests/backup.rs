@@ -491,7 +491,7 @@ fn rotated_store_credentials_are_picked_up_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let creds = dir.path().join("creds.env");
     let wrong = "d3JvbmctYnV0LXdlbGwtZm9ybWVkLWtleS0xMjM0NTY3ODkw";
-    std::fs::write(&creds, format!("AZURE_STORAGE_ACCOUNT_KEY={wrong}\n")).unwrap();
+    std::fs::write(&creds, format!("AZURE_STORAGE_ACCOUNT_KEY={AZURITE_KEY}\n")).unwrap();
     let mut w = Warden::builder(
         &ip,
         &[
@@ -507,7 +507,14 @@ fn rotated_store_credentials_are_picked_up_without_a_restart() {
     .envs(&env)
     .spawn();
     w.wait_ready(START);
-    let status = wait_for("the wrong key to fail backups", START, || {
+    wait_for("backups with the first key", START, || {
+        (w.status()["backup"]["healthy"] == true).then_some(())
+    });
+
+    // Rotate to a key the store rejects: backups fail, etcd stays ready.
+    std::fs::write(&creds, format!("AZURE_STORAGE_ACCOUNT_KEY={wrong}\n")).unwrap();
+    etcdctl(&ctl, &ip, &["put", "during-bad-key", "1"]).unwrap();
+    let status = wait_for("the rejected key to fail backups", START, || {
         let s = w.status();
         (s["backup"]["healthy"] == false).then_some(s)
     });
@@ -521,6 +528,7 @@ fn rotated_store_credentials_are_picked_up_without_a_restart() {
         "a credential leaked into /status"
     );
 
+    // Rotate to the right key again: backups recover without a restart.
     std::fs::write(
         &creds,
         format!("# rotated\nAZURE_STORAGE_ACCOUNT_KEY={AZURITE_KEY}\n"),
@@ -540,7 +548,10 @@ fn rotated_store_credentials_are_picked_up_without_a_restart() {
         !log.contains(wrong) && !log.contains(AZURITE_KEY),
         "a credential leaked into the log"
     );
-    assert!(log.contains("backups recovered"), "{log}");
+    assert!(
+        log.contains("backups recovered") && log.contains("store credentials changed"),
+        "{log}"
+    );
 }
 
 #[test]

@@ -244,7 +244,14 @@ async fn attempt(
     if !needs_private {
         return Ok((cand.full.last_revision(), 0));
     }
-    let private = PrivateEtcd::start(reaper, &opts.etcd, &data, &opts.name).await?;
+    let private = PrivateEtcd::start(
+        reaper,
+        &opts.etcd,
+        &data,
+        &opts.name,
+        &work.join("private-etcd.log"),
+    )
+    .await?;
     let result = apply_deltas(store, &private, cand).await;
     private.stop().await;
     let (revision, applied) = result?;
@@ -377,7 +384,7 @@ async fn keep_alive(client: &mut Client, leases: &HashSet<i64>) {
 }
 
 /// A throwaway etcd on loopback ports that only the restore knows.
-struct PrivateEtcd {
+pub(crate) struct PrivateEtcd {
     pid: u32,
     exit: tokio::sync::oneshot::Receiver<ExitStatus>,
     endpoint: String,
@@ -404,8 +411,14 @@ fn free_port() -> Result<u16, String> {
 }
 
 impl PrivateEtcd {
-    async fn start(reaper: &Reaper, etcd: &Path, data: &Path, name: &str) -> Result<Self, String> {
-        let log_path = data.with_file_name("private-etcd.log");
+    pub(crate) async fn start(
+        reaper: &Reaper,
+        etcd: &Path,
+        data: &Path,
+        name: &str,
+        log_path: &Path,
+    ) -> Result<Self, String> {
+        let log_path = log_path.to_owned();
         let log =
             std::fs::File::create(&log_path).map_err(|e| format!("create {}: {e}", log_path.display()))?;
         let (client_port, peer_port) = (free_port()?, free_port()?);
@@ -458,7 +471,9 @@ impl PrivateEtcd {
                 return Err(format!("the private etcd exited at start ({status}): {tail}"));
             }
             if let Ok(mut c) = me.client().await
-                && c.get("\0", None).await.is_ok()
+                && c.get("\0", Some(etcd_client::GetOptions::new().with_serializable()))
+                    .await
+                    .is_ok()
             {
                 return Ok(me);
             }
@@ -470,7 +485,7 @@ impl PrivateEtcd {
         }
     }
 
-    async fn client(&self) -> Result<Client, String> {
+    pub(crate) async fn client(&self) -> Result<Client, String> {
         let opts = etcd_client::ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             .with_timeout(Duration::from_secs(30));
@@ -479,7 +494,7 @@ impl PrivateEtcd {
             .map_err(|e| format!("connect to the private etcd: {e}"))
     }
 
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         self.stopped = true;
         let pid = nix::unistd::Pid::from_raw(self.pid as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);

@@ -3,6 +3,7 @@
 
 pub mod execute;
 pub mod plan;
+pub mod startup;
 
 pub use execute::{RestoreOptions, RestoreReport, restore};
 pub use plan::Target;

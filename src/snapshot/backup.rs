@@ -296,7 +296,13 @@ impl Backup {
     ) -> Result<(i64, i64), ()> {
         if !force_full {
             match self.resume_point(client, store).await {
-                Ok(Some(p)) => return Ok(p),
+                Ok(Some(p)) => {
+                    // The store answered: a failure before (e.g. rejected credentials) is over.
+                    if self.status.borrow().healthy == Some(false) {
+                        self.succeeded();
+                    }
+                    return Ok(p);
+                }
                 Ok(None) => {}
                 Err(err) => {
                     self.failed("store", "list", &err);

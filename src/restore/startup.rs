@@ -1,0 +1,229 @@
+//! Before etcd starts: is the data dir fit, and is it at least as new as the backups?
+//!
+//! - Missing or empty: restore the newest chain that verifies (when the store has one).
+//! - Present: start etcd privately on loopback ports (so it replays its WAL and opens its db, the
+//!   most faithful check there is) and read its revision. If it cannot come up, the dir is moved
+//!   aside to `<data-dir>.broken-<time>` and restored. If its revision is behind the newest backup,
+//!   it is moved aside to `<data-dir>.behind-<time>` and restored. Newer local data is never replaced.
+//! - Nothing is ever deleted, and nothing is moved aside unless a verified replacement follows.
+//! - Multi-member clusters (more than one `--initial-cluster` entry) are never restored from backup:
+//!   a member that restores while the others keep quorum would fork the cluster. It starts as is
+//!   and the log says why. (Rejoining as a learner comes with cluster support.)
+//! - No store, an empty store, or no backup: etcd starts as is (a new member when the dir is empty).
+//!   A store that cannot be listed while the data dir is missing is retried rather than starting an
+//!   empty etcd that would look like data loss; with data present, etcd starts and backups report.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::execute::{PrivateEtcd, RestoreOptions, is_empty_dir, restore};
+use super::plan::{self, Target};
+use crate::config::RunConfig;
+use crate::pid1::Reaper;
+use crate::store::Store;
+
+/// What start-up decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Start etcd on the data dir as it is.
+    Keep(String),
+    /// The data dir was restored (and the old one, if any, moved to this path).
+    Restored {
+        revision: i64,
+        moved_aside: Option<PathBuf>,
+    },
+}
+
+fn set(status: &watch::Sender<Option<String>>, what: &str) {
+    tracing::info!(step = what, "start-up check");
+    status.send_replace(Some(what.to_owned()));
+}
+
+fn open_store(cfg: &RunConfig) -> Result<Store, String> {
+    let extra = match &cfg.backup.credentials {
+        Some(p) => crate::store::read_credentials(p).map_err(|e| e.to_string())?,
+        None => Vec::new(),
+    };
+    Store::open_with(&cfg.store, &extra).map_err(|e| crate::telemetry::error_chain(&e))
+}
+
+/// The newest revision a restore would reach, or `None` when the store holds no backup.
+async fn newest_backup(store: &Store) -> Result<Option<i64>, String> {
+    let fulls: Vec<_> = store
+        .list_fulls()
+        .await
+        .map_err(|e| crate::telemetry::error_chain(&e))?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    let Some(newest) = fulls.iter().max_by_key(|f| (f.last_revision(), f.created_ms)) else {
+        return Ok(None);
+    };
+    let chain: Vec<_> = store
+        .list_chain(newest.last_revision())
+        .await
+        .map_err(|e| crate::telemetry::error_chain(&e))?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    let cands = plan::candidates(std::slice::from_ref(newest), &|_| chain.clone(), Target::Latest);
+    Ok(cands.first().map(|c| c.target_revision))
+}
+
+fn aside(data: &Path, why: &str) -> PathBuf {
+    let mut p = data.as_os_str().to_owned();
+    p.push(format!(
+        ".{why}-{}",
+        crate::store::layout::format_time(crate::store::layout::now_ms())
+    ));
+    PathBuf::from(p)
+}
+
+/// Runs the start-up check; `Err` only for what must stop the warden.
+pub async fn prepare(
+    cfg: &RunConfig,
+    reaper: &Reaper,
+    status: &watch::Sender<Option<String>>,
+) -> Result<Decision, String> {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let data = cwd.join(&cfg.etcd.data_dir);
+    let members = cfg
+        .etcd
+        .initial_cluster
+        .as_deref()
+        .map(|c| c.split(',').filter(|s| !s.trim().is_empty()).count())
+        .unwrap_or(1);
+    let empty = is_empty_dir(&data);
+
+    set(status, "listing backups");
+    let mut delay = Duration::from_secs(1);
+    let (store, newest) = loop {
+        // Opened on every attempt: a fixed credentials file is picked up while waiting.
+        let listed = match open_store(cfg) {
+            Ok(store) => newest_backup(&store).await.map(|n| (store, n)),
+            Err(e) => Err(e),
+        };
+        match listed {
+            Ok(found) => break found,
+            Err(e) if !empty => {
+                tracing::error!(error = %e, "cannot list the store; starting etcd on its data dir without comparing");
+                return Ok(Decision::Keep("store unreachable; local data kept".into()));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, retry_in_s = delay.as_secs(), "the data dir is empty and the store cannot be listed; waiting for the store rather than starting an empty etcd");
+                set(status, "waiting for the store (data dir empty)");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    };
+    let Some(newest) = newest else {
+        return Ok(Decision::Keep(if empty {
+            "no backups: starting a new member".into()
+        } else {
+            "no backups to compare with".into()
+        }));
+    };
+    if members > 1 {
+        tracing::warn!(
+            members,
+            "multi-member cluster: not restoring from backup (a lone restore would fork the cluster)"
+        );
+        return Ok(Decision::Keep(
+            "multi-member cluster: restore from backup is not done automatically".into(),
+        ));
+    }
+
+    let mut moved = None;
+    if !empty {
+        set(status, "validating the data dir with a private etcd");
+        let log = std::env::temp_dir().join(format!("etcd-warden-validate-{}.log", std::process::id()));
+        let check = async {
+            let private =
+                PrivateEtcd::start(reaper, &cfg.launch.program, &data, &cfg.etcd.name, &log).await?;
+            let rev = async {
+                let mut c = private.client().await?;
+                let r = c
+                    .get("\0", Some(etcd_client::GetOptions::new().with_serializable()))
+                    .await
+                    .map_err(|e| format!("read the local revision: {e}"))?;
+                Ok::<i64, String>(r.header().map(|h| h.revision()).unwrap_or(0))
+            }
+            .await;
+            private.stop().await;
+            rev
+        }
+        .await;
+        let _ = std::fs::remove_file(&log);
+        let why = match check {
+            Ok(local) if local >= newest => {
+                tracing::info!(
+                    local,
+                    newest_backup = newest,
+                    "the data dir is current; starting etcd on it"
+                );
+                status.send_replace(None);
+                return Ok(Decision::Keep(format!(
+                    "local revision {local} ≥ newest backup {newest}"
+                )));
+            }
+            Ok(local) => {
+                tracing::warn!(
+                    local,
+                    newest_backup = newest,
+                    "the data dir is behind the newest backup: restoring"
+                );
+                "behind"
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the data dir does not start: moving it aside and restoring");
+                "broken"
+            }
+        };
+        let to = aside(&data, why);
+        std::fs::rename(&data, &to)
+            .map_err(|e| format!("move {} aside to {}: {e}", data.display(), to.display()))?;
+        tracing::warn!(from = %data.display(), to = %to.display(), "data dir moved aside (kept, not deleted)");
+        moved = Some(to);
+    }
+
+    set(status, "restoring from the store");
+    let opts = RestoreOptions {
+        data_dir: data.clone(),
+        etcd: cfg.launch.program.clone(),
+        tool: None,
+        name: cfg.etcd.name.clone(),
+        initial_cluster: cfg.etcd.initial_cluster.clone(),
+        initial_advertise_peer_urls: cfg.etcd.initial_advertise_peer_urls.clone(),
+        initial_cluster_token: cfg.etcd.initial_cluster_token.clone(),
+        target: Target::Latest,
+    };
+    match restore(&store, &opts, reaper).await {
+        Ok(report) => {
+            tracing::info!(revision = report.revision, full = %report.full, deltas = report.deltas, seconds = report.seconds, "data dir restored");
+            status.send_replace(None);
+            Ok(Decision::Restored {
+                revision: report.revision,
+                moved_aside: moved,
+            })
+        }
+        Err(e) => {
+            let msg = crate::telemetry::error_chain(&e);
+            // Put a moved-aside dir back: without a replacement it stays the best data we have.
+            if let Some(from) = &moved
+                && is_empty_dir(&data)
+            {
+                let _ = std::fs::remove_dir(&data);
+                if std::fs::rename(from, &data).is_ok() {
+                    tracing::error!(error = %msg, "restore failed; the original data dir is back in place");
+                    return Err(format!(
+                        "restore failed ({msg}); the original data dir was put back"
+                    ));
+                }
+            }
+            Err(format!("restore failed: {msg}"))
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The start-up check of `run`: a missing data dir is restored, a garbage db is moved aside and
+//! restored, a data dir behind the store is replaced (and kept aside), newer local data is kept.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use nix::sys::signal::Signal;
+
+const START: Duration = Duration::from_secs(60);
+
+fn dump(ctl: &Path, ip: &str) -> (i64, String) {
+    let out = etcdctl(ctl, ip, &["get", "", "--prefix", "-w", "json"]).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    (v["header"]["revision"].as_i64().unwrap(), v["kvs"].to_string())
+}
+
+struct Setup {
+    etcd: std::path::PathBuf,
+    ctl: std::path::PathBuf,
+    ip: String,
+    dir: tempfile::TempDir,
+    store: String,
+}
+
+impl Setup {
+    fn new(etcd: std::path::PathBuf) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = format!("file://{}", dir.path().join("store").display());
+        Self {
+            ctl: etcdctl_for(&etcd),
+            etcd,
+            ip: unique_ip(),
+            dir,
+            store,
+        }
+    }
+    fn data(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+    fn warden(&self) -> Warden {
+        let mut argv = vec![self.etcd.display().to_string()];
+        argv.extend(etcd_args(&self.ip, &self.data()));
+        Warden::start(
+            &self.ip,
+            &["--store", &self.store, "--delta-snapshot-period", "200ms"],
+            &argv,
+        )
+    }
+    /// Runs a warden, writes `n` keys with `prefix`, waits until they are in the store, stops it.
+    fn write_and_back_up(&self, prefix: &str, n: usize) -> (i64, String) {
+        let mut w = self.warden();
+        w.wait_ready(START);
+        for i in 0..n {
+            etcdctl(
+                &self.ctl,
+                &self.ip,
+                &["put", &format!("{prefix}{i}"), &format!("value {i}")],
+            )
+            .unwrap();
+        }
+        etcdctl(&self.ctl, &self.ip, &["del", &format!("{prefix}0")]).unwrap();
+        let state = dump(&self.ctl, &self.ip);
+        wait_for("the writes to reach the store", START, || {
+            (w.status()["backup"]["backed_up_revision"].as_i64().unwrap_or(0) >= state.0).then_some(())
+        });
+        w.signal(Signal::SIGTERM);
+        w.wait_exit(START);
+        state
+    }
+    fn siblings(&self, infix: &str) -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(self.dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().contains(infix))
+            .collect()
+    }
+}
+
+#[test]
+fn missing_data_dir_is_restored_at_start() {
+    let s = Setup::new(etcd35());
+    let original = s.write_and_back_up("k", 15);
+    std::fs::remove_dir_all(s.data()).unwrap();
+    let mut w = s.warden();
+    w.wait_ready(START);
+    assert_eq!(
+        dump(&s.ctl, &s.ip),
+        original,
+        "restored content or revision differs"
+    );
+    assert!(w.log_text().contains("data dir restored"), "{}", w.log_text());
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+}
+
+#[test]
+fn garbage_db_is_moved_aside_and_restored() {
+    let s = Setup::new(etcd34());
+    let original = s.write_and_back_up("g", 10);
+    let db = s.data().join("member/snap/db");
+    let garbage = vec![0xA5u8; 64 * 1024];
+    std::fs::write(&db, &garbage).unwrap();
+    let mut w = s.warden();
+    w.wait_ready(START);
+    assert_eq!(
+        dump(&s.ctl, &s.ip),
+        original,
+        "restored content or revision differs"
+    );
+    let broken = s.siblings(".broken-");
+    assert_eq!(broken.len(), 1, "the broken dir was not kept aside");
+    assert_eq!(
+        std::fs::read(broken[0].join("member/snap/db")).unwrap(),
+        garbage,
+        "the broken data was altered"
+    );
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+}
+
+#[test]
+fn data_dir_behind_the_store_is_replaced_and_kept_aside() {
+    let s = Setup::new(etcd35());
+    s.write_and_back_up("old", 5);
+    let copy = s.dir.path().join("old-copy");
+    copy_dir(&s.data(), &copy);
+    let newest = s.write_and_back_up("new", 8);
+    std::fs::remove_dir_all(s.data()).unwrap();
+    std::fs::rename(&copy, s.data()).unwrap();
+    let mut w = s.warden();
+    w.wait_ready(START);
+    assert_eq!(dump(&s.ctl, &s.ip), newest, "not restored to the newest backup");
+    assert_eq!(
+        s.siblings(".behind-").len(),
+        1,
+        "the older data dir was not kept aside"
+    );
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+}
+
+#[test]
+fn newer_local_data_is_kept() {
+    let s = Setup::new(etcd35());
+    s.write_and_back_up("b", 5);
+    // Writes the store never saw.
+    let plain = PlainEtcd::start(&s.etcd, &s.ip, &s.data(), "m1");
+    for i in 0..5 {
+        etcdctl(&s.ctl, &s.ip, &["put", &format!("local{i}"), "newer"]).unwrap();
+    }
+    let local = dump(&s.ctl, &s.ip);
+    plain.stop();
+    let mut w = s.warden();
+    w.wait_ready(START);
+    assert_eq!(dump(&s.ctl, &s.ip), local, "newer local data was replaced");
+    assert!(s.siblings(".behind-").is_empty() && s.siblings(".broken-").is_empty());
+    assert!(
+        w.log_text().contains("the data dir is current"),
+        "{}",
+        w.log_text()
+    );
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
