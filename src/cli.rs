@@ -87,7 +87,7 @@ pub async fn snapshot(args: SnapshotArgs) -> i32 {
 pub async fn backups(cmd: BackupsCommand) -> i32 {
     match cmd {
         BackupsCommand::List { store, json } => list(&store, json).await,
-        BackupsCommand::Verify { store, json } => verify_cmd(&store, json).await,
+        BackupsCommand::Verify { store, json, .. } => verify_cmd(&store, json).await,
     }
 }
 
@@ -279,4 +279,73 @@ pub async fn restore(
             }
         }
     }
+}
+
+/// `backups verify --deep`: the shallow checks, then a real restore of the newest chain into a
+/// scratch dir beside the system temp dir, and the revision etcd reports once it runs on it.
+pub async fn verify_deep(store_url: String, etcd: String, reaper: crate::pid1::Reaper) -> i32 {
+    let shallow = verify_cmd(&store_url, false).await;
+    if shallow == EX_USAGE {
+        return shallow;
+    }
+    let store = match open_store(&store_url) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let etcd = match crate::config::resolve_program_str(&etcd) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("etcd-warden: --etcd: {e}");
+            return EX_USAGE;
+        }
+    };
+    let scratch = match tempfile_dir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("etcd-warden: create a scratch dir: {e}");
+            return 1;
+        }
+    };
+    let opts = crate::restore::RestoreOptions {
+        data_dir: scratch.join("data"),
+        etcd,
+        tool: None,
+        name: "verify".into(),
+        initial_cluster: None,
+        initial_advertise_peer_urls: None,
+        initial_cluster_token: None,
+        target: crate::restore::Target::Latest,
+    };
+    let code = match crate::restore::restore(&store, &opts, &reaper).await {
+        Ok(r) => {
+            println!(
+                "deep: restored {} (+{} deltas) to revision {} in {:.1}s",
+                r.full, r.deltas, r.revision, r.seconds
+            );
+            for (key, why) in &r.skipped {
+                println!("FAIL  deep: newest chain unusable, {key}: {why}");
+            }
+            if r.skipped.is_empty() && shallow == 0 {
+                0
+            } else {
+                1
+            }
+        }
+        Err(e) => {
+            println!("FAIL  deep: {}", crate::telemetry::error_chain(&e));
+            1
+        }
+    };
+    let _ = std::fs::remove_dir_all(&scratch);
+    code
+}
+
+fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "etcd-warden-verify-{}-{}",
+        std::process::id(),
+        crate::store::layout::now_ms()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
 }

@@ -133,6 +133,12 @@ pub enum BackupsCommand {
         store: String,
         #[arg(long)]
         json: bool,
+        /// Also restore the newest chain into a scratch dir and check the revision etcd reports.
+        #[arg(long)]
+        deep: bool,
+        /// The etcd binary for --deep (etcdutl/etcdctl beside it).
+        #[arg(long, default_value = "etcd", value_name = "PATH")]
+        etcd: String,
     },
 }
 

@@ -20,6 +20,12 @@ fn main() {
         Command::Run(args) => run_command(*args),
         Command::Probe(args) => probe_command(args),
         Command::Snapshot(args) => one_shot(cli::snapshot(args)),
+        Command::Backups(etcd_warden::config::BackupsCommand::Verify {
+            store,
+            deep: true,
+            etcd,
+            ..
+        }) => with_reaper(|reaper, _signals| cli::verify_deep(store, etcd, reaper)),
         Command::Backups(cmd) => one_shot(cli::backups(cmd)),
         Command::Restore(args) => restore_command(args),
     };
@@ -135,6 +141,15 @@ fn one_shot(fut: impl std::future::Future<Output = i32>) -> i32 {
 
 /// `restore` spawns etcdutl and a private etcd, so it needs the reaper and its signal thread.
 fn restore_command(args: RestoreArgs) -> i32 {
+    with_reaper(|reaper, signals| cli::restore(args, reaper, signals))
+}
+
+/// Runs a one-shot command that spawns helpers: reaper, subreaper bit and signal thread first.
+fn with_reaper<F, Fut>(f: F) -> i32
+where
+    F: FnOnce(pid1::Reaper, tokio::sync::mpsc::UnboundedReceiver<signals::SignalEvent>) -> Fut,
+    Fut: std::future::Future<Output = i32>,
+{
     telemetry::init_logging(telemetry::LogFormat::Text);
     let reaper = pid1::Reaper::new();
     if let Err(err) = pid1::become_reaper() {
@@ -148,7 +163,7 @@ fn restore_command(args: RestoreArgs) -> i32 {
             return 1;
         }
     };
-    one_shot_quiet(cli::restore(args, reaper, signals))
+    one_shot_quiet(f(reaper, signals))
 }
 
 fn one_shot_quiet(fut: impl std::future::Future<Output = i32>) -> i32 {

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Restore benchmark: a full snapshot of a ~1 GiB DB plus ~100,000 delta revisions, restored by
+`etcd-warden restore`, against `etcdutl snapshot restore` of a snapshot of the same final DB, in
+the same run (A B A B, medians). Peak RSS and wall time from GNU time.
+
+Usage: bench/restore.py --etcd PATH [--mib 1024] [--revisions 100000] [--rounds 2]
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+IP = "127.81.0.1"
+
+
+def timed(cmd, env=None):
+    p = subprocess.run(["/usr/bin/time", "-f", "@@%e %M", *cmd], env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{cmd[0]} failed: {p.stderr[-3000:]}")
+    line = [l for l in p.stderr.splitlines() if l.startswith("@@")][-1]
+    wall, rss = line[2:].split()
+    return float(wall), int(rss) / 1024.0, p.stdout
+
+
+def timed_sampled(cmd, env=None):
+    """Like timed(), plus the command's own peak RSS (VmHWM sampled from /proc until it exits), since
+    GNU time's figure also covers the children it reaps (here the private etcd)."""
+    p = subprocess.Popen(["/usr/bin/time", "-f", "@@%e %M", *cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    own = 0.0
+    child = None
+    while p.poll() is None:
+        if child is None:
+            try:
+                with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+                    kids = f.read().split()
+                child = int(kids[0]) if kids else None
+            except OSError:
+                pass
+        if child is not None:
+            try:
+                with open(f"/proc/{child}/status") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):
+                            own = max(own, int(line.split()[1]) / 1024.0)
+            except OSError:
+                pass
+        time.sleep(0.05)
+    out, err = p.communicate()
+    if p.returncode != 0:
+        raise SystemExit(f"{cmd[0]} failed: {err[-3000:]}")
+    line = [l for l in err.splitlines() if l.startswith("@@")][-1]
+    wall, rss = line[2:].split()
+    return float(wall), own, int(rss) / 1024.0
+
+
+def status():
+    with urllib.request.urlopen(f"http://{IP}:2378/status", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def poll(what, f, timeout=600):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            v = f()
+            if v:
+                return v
+        except Exception:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--etcd", required=True)
+    ap.add_argument("--warden", default="target/release/etcd-warden")
+    ap.add_argument("--mib", type=int, default=1024)
+    ap.add_argument("--revisions", type=int, default=100000)
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    bindir = os.path.dirname(a.etcd)
+    tmp = tempfile.mkdtemp(prefix="warden-restore-", dir="/var/tmp")
+    data, store = os.path.join(tmp, "data"), f"file://{tmp}/store"
+    etcd_flags = ["--name", "m1", "--data-dir", data,
+                  "--listen-client-urls", f"http://{IP}:2379", "--advertise-client-urls", f"http://{IP}:2379",
+                  "--listen-peer-urls", f"http://{IP}:2380", "--initial-advertise-peer-urls", f"http://{IP}:2380",
+                  "--initial-cluster", f"m1=http://{IP}:2380", "--log-level", "error",
+                  "--quota-backend-bytes", str(8 << 30)]
+    try:
+        # 1. A ~1 GiB DB, written without the warden.
+        e = subprocess.Popen([a.etcd, *etcd_flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(2)
+        print(subprocess.run(["target/release/examples/fill", f"http://{IP}:2379", str(a.mib)],
+                             capture_output=True, text=True, check=True).stdout.strip(), file=sys.stderr)
+        e.terminate(); e.wait()
+        # 2. The warden takes the full snapshot, then the load makes the delta revisions.
+        w = subprocess.Popen([a.warden, "run", "--listen", f"{IP}:2378", "--store", store,
+                              "--delta-snapshot-period", "2s", "--", a.etcd, *etcd_flags],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, RUST_LOG="warn"))
+        poll("the full snapshot", lambda: status()["backup"]["fulls_total"] >= 1)
+        base = status()["backup"]["last_full"]["revision"]
+        seconds = max(5, a.revisions // 8000)
+        while True:
+            print(subprocess.run(["target/release/examples/load", f"http://{IP}:2379", str(seconds), "32"],
+                                 capture_output=True, text=True, check=True).stdout.strip(), file=sys.stderr)
+            rev = poll("etcd revision", lambda: status()["etcd"]["revision"])
+            if rev - base >= a.revisions:
+                break
+        poll("the store to catch up", lambda: status()["backup"]["backed_up_revision"] >= status()["etcd"]["revision"])
+        final = status()["backup"]["backed_up_revision"]
+        snap = os.path.join(tmp, "final.db")
+        subprocess.run([os.path.join(bindir, "etcdctl"), f"--endpoints=http://{IP}:2379", "snapshot", "save", snap],
+                       env=dict(os.environ, ETCDCTL_API="3"), capture_output=True, check=True)
+        w.terminate(); w.wait()
+        print(f"store: full at {base}, deltas to {final} ({final - base} revisions); final DB {os.path.getsize(snap) >> 20} MiB",
+              file=sys.stderr)
+        res = {"warden": [], "etcdutl": []}
+        rss = {"warden": [], "etcdutl": []}
+        tree = []
+        for r in range(a.rounds):
+            out = os.path.join(tmp, f"w{r}")
+            t, m, whole = timed_sampled([a.warden, "restore", "--store", store, "--data-dir", out, "--name", "m1",
+                                         "--initial-cluster", f"m1=http://{IP}:2380", "--initial-advertise-peer-urls",
+                                         f"http://{IP}:2380", "--etcd", a.etcd], env=dict(os.environ, RUST_LOG="warn"))
+            res["warden"].append(t); rss["warden"].append(m); tree.append(whole)
+            shutil.rmtree(out)
+            out = os.path.join(tmp, f"u{r}")
+            t, m, _ = timed([os.path.join(bindir, "etcdutl"), "snapshot", "restore", snap, "--data-dir", out,
+                             "--name", "m1", "--initial-cluster", f"m1=http://{IP}:2380",
+                             "--initial-advertise-peer-urls", f"http://{IP}:2380"])
+            res["etcdutl"].append(t); rss["etcdutl"].append(m)
+            shutil.rmtree(out)
+        mw, mu = statistics.median(res["warden"]), statistics.median(res["etcdutl"])
+        print(f"restore benchmark ({a.rounds} rounds A B, medians): full snapshot at revision {base} "
+              f"+ {final - base} delta revisions")
+        print(f"  etcdutl snapshot restore (final DB, no deltas)   {mu:7.2f}s   peak RSS {max(rss['etcdutl']):6.1f} MiB")
+        print(f"  etcd-warden restore (full + all deltas)          {mw:7.2f}s   peak RSS {max(rss['warden']):6.1f} MiB"
+              f"   ratio {mw / mu:.2f}x")
+        print(f"    (largest process in the restore tree, i.e. etcdutl or the private etcd: {max(tree):.1f} MiB)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
