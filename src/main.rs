@@ -122,21 +122,7 @@ fn run_command(args: RunArgs) -> i32 {
 /// Runs a one-shot command on a small runtime, with warnings on stderr.
 fn one_shot(fut: impl std::future::Future<Output = i32>) -> i32 {
     telemetry::init_logging(telemetry::LogFormat::Text);
-    match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => {
-            let code = rt.block_on(fut);
-            rt.shutdown_timeout(Duration::from_secs(1));
-            code
-        }
-        Err(err) => {
-            eprintln!("etcd-warden: start runtime: {err}");
-            1
-        }
-    }
+    one_shot_quiet(fut)
 }
 
 /// `restore` spawns etcdutl and a private etcd, so it needs the reaper and its signal thread.

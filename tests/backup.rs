@@ -175,46 +175,25 @@ fn file_store_round_trip(etcd: &Path, v35: bool) {
     let restored = dir.path().join("restored");
     let ip2 = unique_ip();
     let peer = format!("r1=http://{ip2}:2380");
-    let out = if v35 {
+    // etcd's own restore tool: etcdutl for 3.5, etcdctl (API v3) for 3.4.
+    let mut tool = if v35 {
         Command::new(etcd.with_file_name("etcdutl"))
-            .args([
-                "snapshot",
-                "restore",
-                db.to_str().unwrap(),
-                "--data-dir",
-                restored.to_str().unwrap(),
-            ])
-            .args([
-                "--name",
-                "r1",
-                "--initial-cluster",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &format!("http://{ip2}:2380"),
-            ])
-            .output()
-            .unwrap()
     } else {
         Command::new(&ctl)
-            .env("ETCDCTL_API", "3")
-            .args([
-                "snapshot",
-                "restore",
-                db.to_str().unwrap(),
-                "--data-dir",
-                restored.to_str().unwrap(),
-            ])
-            .args([
-                "--name",
-                "r1",
-                "--initial-cluster",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &format!("http://{ip2}:2380"),
-            ])
-            .output()
-            .unwrap()
     };
+    let out = tool
+        .env("ETCDCTL_API", "3")
+        .args([
+            "snapshot",
+            "restore",
+            db.to_str().unwrap(),
+            "--data-dir",
+            restored.to_str().unwrap(),
+        ])
+        .args(["--name", "r1", "--initial-cluster", &peer])
+        .args(["--initial-advertise-peer-urls", &format!("http://{ip2}:2380")])
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "restore failed: {}",

@@ -95,20 +95,7 @@ pub async fn restore(
             path: opts.data_dir.clone(),
         });
     }
-    let fulls: Vec<_> = store.list_fulls().await?.into_iter().map(|(n, _)| n).collect();
-    let mut chains = std::collections::BTreeMap::new();
-    for f in &fulls {
-        let base = f.last_revision();
-        chains.insert(
-            base,
-            store
-                .list_chain(base)
-                .await?
-                .into_iter()
-                .map(|(n, _)| n)
-                .collect::<Vec<_>>(),
-        );
-    }
+    let (fulls, chains) = store.catalog().await?;
     let candidates = plan::candidates(
         &fulls,
         &|b| chains.get(&b).cloned().unwrap_or_default(),

@@ -410,19 +410,7 @@ impl Backup {
 
     async fn apply_retention(&mut self, store: &Store) {
         let result: Result<usize, crate::store::StoreError> = async {
-            let fulls: Vec<_> = store.list_fulls().await?.into_iter().map(|(n, _)| n).collect();
-            let mut chains = BTreeMap::new();
-            for base in store.list_chain_bases().await? {
-                chains.insert(
-                    base,
-                    store
-                        .list_chain(base)
-                        .await?
-                        .into_iter()
-                        .map(|(n, _)| n)
-                        .collect(),
-                );
-            }
+            let (fulls, chains) = store.catalog().await?;
             let doomed = retention::plan(
                 &fulls,
                 &chains,

@@ -258,6 +258,25 @@ impl Store {
         Ok(bases)
     }
 
+    /// Every full snapshot and every chain's deltas (one listing per chain directory).
+    pub async fn catalog(
+        &self,
+    ) -> Result<
+        (
+            Vec<SnapshotName>,
+            std::collections::BTreeMap<i64, Vec<SnapshotName>>,
+        ),
+        StoreError,
+    > {
+        let fulls = self.list_fulls().await?.into_iter().map(|(n, _)| n).collect();
+        let mut chains = std::collections::BTreeMap::new();
+        for base in self.list_chain_bases().await? {
+            let deltas = self.list_chain(base).await?.into_iter().map(|(n, _)| n).collect();
+            chains.insert(base, deltas);
+        }
+        Ok((fulls, chains))
+    }
+
     pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
         match self.inner.delete(&Path::from(key)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
