@@ -553,3 +553,38 @@ fn gcs_store_is_configured_from_the_environment() {
     assert_eq!(code, 64, "{out}");
     assert!(out.contains("missing the bucket name"), "{out}");
 }
+
+#[test]
+fn a_long_chain_is_cut_by_a_full_snapshot() {
+    let etcd = etcd34();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let store_url = format!("file://{}", dir.path().join("store").display());
+    let mut w = Warden::start(
+        &ip,
+        &[
+            "--store",
+            &store_url,
+            "--delta-snapshot-period",
+            "200ms",
+            "--full-snapshot-after-revisions",
+            "20",
+        ],
+        &etcd_argv(&etcd, &ip, &dir.path().join("data")),
+    );
+    w.wait_ready(START);
+    for i in 0..50 {
+        etcdctl(&ctl, &ip, &["put", &format!("c{i}"), "v"]).unwrap();
+    }
+    wait_backed_up(&w, etcd_revision(&ctl, &ip), Duration::from_secs(20));
+    let status = wait_for("a full snapshot started by the chain length", START, || {
+        let s = w.status();
+        (s["backup"]["fulls_total"].as_u64() >= Some(2)).then_some(s)
+    });
+    assert!(status["backup"]["chain_base"].as_i64().unwrap() > 1, "{status}");
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    let (code, out) = warden_cli(&["backups", "verify", "--store", &store_url], &[]);
+    assert_eq!(code, 0, "{out}");
+}

@@ -34,6 +34,9 @@ pub struct BackupConfig {
     /// 0 = no deltas.
     pub delta_period: Duration,
     pub delta_max_bytes: usize,
+    /// Start a new chain (full snapshot) once the current one holds this many revisions, which
+    /// bounds restore time (each delta revision is replayed as one transaction); 0 = never.
+    pub full_after_revisions: i64,
     pub retention: Policy,
 }
 
@@ -486,7 +489,23 @@ impl Backup {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut next_full = self.next_full_at();
+        let mut chain_full_not_before = tokio::time::Instant::now();
         loop {
+            if self.cfg.full_after_revisions > 0
+                && buf.is_empty()
+                && buf.last() - buf.base() >= self.cfg.full_after_revisions
+                && tokio::time::Instant::now() >= chain_full_not_before
+            {
+                tracing::info!(
+                    revisions = buf.last() - buf.base(),
+                    limit = self.cfg.full_after_revisions,
+                    "the chain reached --full-snapshot-after-revisions: starting a new one"
+                );
+                chain_full_not_before = tokio::time::Instant::now() + period;
+                if let Some(o) = self.full_during_stream(client, store, &mut buf).await {
+                    return o;
+                }
+            }
             let full_due = async {
                 match next_full {
                     Some(t) => tokio::time::sleep_until(t).await,
