@@ -311,8 +311,8 @@ pub async fn verify_deep(store_url: String, etcd: String, reaper: crate::pid1::R
         etcd,
         tool: None,
         name: "verify".into(),
-        initial_cluster: None,
-        initial_advertise_peer_urls: None,
+        initial_cluster: Some("verify=http://127.0.0.1:2380".into()),
+        initial_advertise_peer_urls: Some("http://127.0.0.1:2380".into()),
         initial_cluster_token: None,
         target: crate::restore::Target::Latest,
     };

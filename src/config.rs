@@ -202,6 +202,10 @@ pub struct RunOptions {
     /// replay part of a restore (about 2 600 revisions/s on 2 cores); 0 = only on schedule [default: 200000]
     #[arg(long, env = "ETCD_WARDEN_FULL_SNAPSHOT_AFTER_REVISIONS", value_name = "N")]
     pub full_snapshot_after_revisions: Option<i64>,
+    /// Restore drill: restore the newest chain into a scratch dir beside the data dir on this cron
+    /// schedule and export the time of the last success [default: off]
+    #[arg(long, env = "ETCD_WARDEN_VERIFY_SCHEDULE", value_name = "CRON")]
+    pub verify_schedule: Option<String>,
     /// Which snapshots to keep: exponential (all of the last hour, then hourly for a day, daily for a
     /// week, weekly for four weeks) or last:N [default: exponential]
     #[arg(long, env = "ETCD_WARDEN_RETENTION", value_name = "POLICY")]
@@ -247,6 +251,7 @@ pub struct RunConfig {
     pub log_format: LogFormat,
     pub config_file: Option<PathBuf>,
     pub backup: BackupConfig,
+    pub verify_schedule: Option<croner::Cron>,
 }
 
 /// Bad usage or configuration: exit 64.
@@ -300,6 +305,7 @@ impl RunOptions {
             delta_snapshot_period: self.delta_snapshot_period.or(file.delta_snapshot_period),
             delta_snapshot_max_bytes: self.delta_snapshot_max_bytes.or(file.delta_snapshot_max_bytes),
             retention: self.retention.or(file.retention),
+            verify_schedule: self.verify_schedule.or(file.verify_schedule),
             full_snapshot_after_revisions: self
                 .full_snapshot_after_revisions
                 .or(file.full_snapshot_after_revisions),
@@ -470,6 +476,17 @@ impl RunConfig {
                 reason: e.to_string(),
             })?;
         }
+        let verify_schedule = match &o.verify_schedule {
+            Some(v) => Some(
+                crate::snapshot::backup::parse_cron(v).map_err(|e| ConfigError::Invalid {
+                    option: "verify-schedule",
+                    reason: format!(
+                        "{v:?}: {e} (write cron fields, e.g. \"0 3 * * 0\" for Sundays at 03:00)"
+                    ),
+                })?,
+            ),
+            None => None,
+        };
         let backup = BackupConfig {
             credentials: o.store_credentials.clone(),
             store: store.clone(),
@@ -500,6 +517,7 @@ impl RunConfig {
             log_format: o.log_format.unwrap_or(LogFormat::Text),
             config_file: args.config,
             backup,
+            verify_schedule,
         })
     }
 }

@@ -192,6 +192,14 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
         "Delta bytes buffered in memory, not yet uploaded.",
         vec![(Vec::new(), b.pending_delta_bytes as f64)],
     ));
+    let drill = shared.drill.borrow().clone();
+    if let Some(t) = drill.last_success {
+        out.push(gauge(
+            "etcd_warden_last_verified_restore_timestamp_seconds",
+            "Unix time of the last successful restore drill (--verify-schedule).",
+            vec![(Vec::new(), to_unix(t))],
+        ));
+    }
     if let Some(rev) = b.backed_up_revision {
         out.push(gauge(
             "etcd_warden_backup_revision",

@@ -41,12 +41,14 @@ pub async fn run(
     let (child_tx, child_rx) = watch::channel(ChildState::initial());
     let (health_tx, health_rx) = watch::channel(Health::default());
     let (backup_tx, backup_rx) = watch::channel(BackupStatus::default());
+    let (drill_tx, drill_rx) = watch::channel(crate::restore::drill::DrillStatus::default());
     let (stopping_tx, stopping_rx) = watch::channel(false);
     let (restoring_tx, restoring_rx) = watch::channel(Some("checking the data dir".to_owned()));
     let shared = Shared {
         child: child_rx.clone(),
         health: health_rx.clone(),
         backup: backup_rx,
+        drill: drill_rx,
         shutting_down: stopping_rx,
         restoring: restoring_rx,
         reaper: reaper.clone(),
@@ -110,6 +112,15 @@ pub async fn run(
             }
         }
         restoring_tx.send_replace(None);
+    }
+    if let Some(schedule) = config.verify_schedule.clone() {
+        tracker.spawn(crate::restore::drill::run(
+            config.clone(),
+            schedule,
+            reaper.clone(),
+            drill_tx,
+            cancel.child_token(),
+        ));
     }
     let (backup, backup_handle) = Backup::new(config.backup.clone(), backup_tx, child_rx, health_rx);
     let backup_task = tokio::spawn(backup.run());

@@ -18,6 +18,7 @@ pub struct Shared {
     pub child: watch::Receiver<ChildState>,
     pub health: watch::Receiver<Health>,
     pub backup: watch::Receiver<BackupStatus>,
+    pub drill: watch::Receiver<crate::restore::drill::DrillStatus>,
     /// Set the moment a graceful stop begins: readiness goes 503 before anything else happens.
     pub shutting_down: watch::Receiver<bool>,
     /// What the start-up validation or restore is doing; `None` once etcd may start.
@@ -81,6 +82,7 @@ impl Shared {
             .map(|d| d.as_secs_f64());
         let mut v = serde_json::to_value(&b).unwrap_or_default();
         v["store"] = json!(self.store);
+        v["restore_drill"] = serde_json::to_value(&*self.drill.borrow()).unwrap_or_default();
         v["seconds_since_last_success"] = json!(since);
         v
     }

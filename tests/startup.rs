@@ -179,3 +179,52 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+#[test]
+fn scheduled_restore_drill_exports_its_last_success() {
+    let s = Setup::new(etcd35());
+    let mut argv = vec![s.etcd.display().to_string()];
+    argv.extend(etcd_args(&s.ip, &s.data()));
+    let mut w = Warden::start(
+        &s.ip,
+        &[
+            "--store",
+            &s.store,
+            "--delta-snapshot-period",
+            "200ms",
+            "--verify-schedule",
+            "*/2 * * * * *",
+        ],
+        &argv,
+    );
+    w.wait_ready(START);
+    for i in 0..5 {
+        etcdctl(&s.ctl, &s.ip, &["put", &format!("d{i}"), "v"]).unwrap();
+    }
+    let rev = dump(&s.ctl, &s.ip).0;
+    let status = wait_for("a restore drill that reaches the written revision", START, || {
+        let st = w.status();
+        (st["backup"]["restore_drill"]["last_revision"]
+            .as_i64()
+            .unwrap_or(0)
+            >= rev)
+            .then_some(st)
+    });
+    assert!(
+        status["backup"]["restore_drill"]["last_error"].is_null(),
+        "{status}"
+    );
+    let (_, metrics) = w.get("/metrics").unwrap();
+    assert!(
+        metrics.contains("etcd_warden_last_verified_restore_timestamp_seconds"),
+        "{metrics}"
+    );
+    assert_eq!(w.get("/readyz").unwrap().0, 200);
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    assert!(
+        s.siblings(".verify-").is_empty(),
+        "scratch dirs left behind: {:?}",
+        s.siblings(".verify-")
+    );
+}

@@ -1,6 +1,7 @@
 //! Restore: plan (pure: which objects, which revisions) then execute (work dir beside the target,
 //! etcd's own restore tool, deltas through a private etcd, atomic swap).
 
+pub mod drill;
 pub mod execute;
 pub mod plan;
 pub mod startup;
