@@ -240,6 +240,7 @@ pub async fn restore(
         std::env::current_dir().unwrap_or_default().join(&args.data_dir)
     };
     let opts = RestoreOptions {
+        progress: Default::default(),
         data_dir,
         etcd,
         tool: args.etcdutl.clone(),
@@ -307,6 +308,7 @@ pub async fn verify_deep(store_url: String, etcd: String, reaper: crate::pid1::R
         }
     };
     let opts = crate::restore::RestoreOptions {
+        progress: Default::default(),
         data_dir: scratch.join("data"),
         etcd,
         tool: None,

@@ -55,6 +55,7 @@ pub async fn run(
         ));
         let scratch = PathBuf::from(scratch);
         let opts = RestoreOptions {
+            progress: Default::default(),
             data_dir: scratch.join("data"),
             etcd: cfg.launch.program.clone(),
             tool: None,

@@ -22,9 +22,27 @@ use crate::snapshot::verify::{read_delta, read_full_to_file};
 use crate::store::layout::Kind;
 use crate::store::{Store, StoreError};
 
+/// Where restore progress goes: the warden's restore status (readiness reason and /status), or
+/// nowhere (offline restore logs it instead).
+#[derive(Debug, Clone, Default)]
+pub struct Progress(Option<tokio::sync::watch::Sender<Option<String>>>);
+
+impl Progress {
+    pub fn to(status: tokio::sync::watch::Sender<Option<String>>) -> Self {
+        Self(Some(status))
+    }
+    fn report(&self, what: String) {
+        tracing::info!(progress = %what, "restore");
+        if let Some(tx) = &self.0 {
+            tx.send_replace(Some(what));
+        }
+    }
+}
+
 /// What to restore into, with the cluster flags for the restored member.
 #[derive(Debug, Clone)]
 pub struct RestoreOptions {
+    pub progress: Progress,
     pub data_dir: PathBuf,
     /// The etcd binary: runs the private etcd, and etcdutl/etcdctl are looked up beside it.
     pub etcd: PathBuf,
@@ -185,6 +203,8 @@ async fn attempt(
 ) -> Result<(i64, u64), String> {
     let db = work.join("snapshot.db");
     let t = Instant::now();
+    opts.progress
+        .report(format!("downloading and verifying {}", cand.full.key()));
     let verified = read_full_to_file(store, &cand.full, &db).await?;
     tracing::info!(
         bytes = verified.footer.raw_bytes,
@@ -215,6 +235,8 @@ async fn attempt(
     if let Some(tok) = &opts.initial_cluster_token {
         cmd.arg("--initial-cluster-token").arg(tok);
     }
+    opts.progress
+        .report(format!("restoring the full snapshot with {}", tool.display()));
     let (status, _out, err) = run_to_completion(reaper, &mut cmd)
         .await
         .map_err(|e| format!("run {}: {e}", tool.display()))?;
@@ -239,14 +261,19 @@ async fn attempt(
         &work.join("private-etcd.log"),
     )
     .await?;
-    let result = apply_deltas(store, &private, cand).await;
+    let result = apply_deltas(store, &private, cand, &opts.progress).await;
     private.stop().await;
     let (revision, applied) = result?;
     sync_tree(&data);
     Ok((revision, applied))
 }
 
-async fn apply_deltas(store: &Store, private: &PrivateEtcd, cand: &Candidate) -> Result<(i64, u64), String> {
+async fn apply_deltas(
+    store: &Store,
+    private: &PrivateEtcd,
+    cand: &Candidate,
+    progress: &Progress,
+) -> Result<(i64, u64), String> {
     let mut client = private.client().await?;
     let mut current = client
         .get("\0", None)
@@ -349,7 +376,7 @@ async fn apply_deltas(store: &Store, private: &PrivateEtcd, cand: &Candidate) ->
             }
         }
         if let Kind::Delta { last, .. } = delta.kind {
-            tracing::info!(
+            tracing::debug!(
                 delta = i + 1,
                 of = cand.deltas.len(),
                 revision = current,
@@ -357,6 +384,14 @@ async fn apply_deltas(store: &Store, private: &PrivateEtcd, cand: &Candidate) ->
                 "delta applied"
             );
         }
+        let span = (cand.target_revision - cand.full.last_revision()).max(1);
+        progress.report(format!(
+            "applying deltas: revision {current} of {} ({}%, delta {} of {})",
+            cand.target_revision,
+            ((current - cand.full.last_revision()) * 100 / span).clamp(0, 100),
+            i + 1,
+            cand.deltas.len()
+        ));
     }
     Ok((current, applied))
 }

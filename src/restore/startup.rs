@@ -191,6 +191,7 @@ pub async fn prepare(
 
     set(status, "restoring from the store");
     let opts = RestoreOptions {
+        progress: super::execute::Progress::to(status.clone()),
         data_dir: data.clone(),
         etcd: cfg.launch.program.clone(),
         tool: None,
