@@ -106,13 +106,14 @@ def main():
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, RUST_LOG="warn"))
         poll("the full snapshot", lambda: status()["backup"]["fulls_total"] >= 1)
         base = status()["backup"]["last_full"]["revision"]
-        seconds = max(5, a.revisions // 8000)
-        while True:
-            print(subprocess.run(["target/release/examples/load", f"http://{IP}:2379", str(seconds), "32"],
-                                 capture_output=True, text=True, check=True).stdout.strip(), file=sys.stderr)
-            rev = poll("etcd revision", lambda: status()["etcd"]["revision"])
-            if rev - base >= a.revisions:
-                break
+        # Write until the deltas hold the requested number of revisions (each write is one revision).
+        written = 0
+        while written < a.revisions:
+            seconds = max(2, min(30, (a.revisions - written) // 8000 + 1))
+            out = subprocess.run(["target/release/examples/load", f"http://{IP}:2379", str(seconds), "32"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+            print(out, file=sys.stderr)
+            written += int(out.split()[0])
         poll("the store to catch up", lambda: status()["backup"]["backed_up_revision"] >= status()["etcd"]["revision"])
         final = status()["backup"]["backed_up_revision"]
         snap = os.path.join(tmp, "final.db")

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
 
-use etcd_client::{Client, LeaseGrantOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, LeaseGrantOptions, Txn, TxnOp};
 use thiserror::Error;
 
 use super::plan::{self, Candidate, Target};
@@ -275,7 +275,7 @@ async fn apply_deltas(
     progress: &Progress,
 ) -> Result<(i64, u64), String> {
     let mut client = private.client().await?;
-    let mut current = client
+    let current = client
         .get("\0", None)
         .await
         .map_err(|e| format!("read the restored revision: {e}"))?
@@ -298,7 +298,7 @@ async fn apply_deltas(
         .map(|r| r.leases().iter().map(|l| l.id()).collect())
         .unwrap_or_default();
     let mut last_keepalive = Instant::now();
-    let mut applied = 0u64;
+    let mut pipe = Pipeline::new(client.kv_client(), current);
     let mut prefetch: Option<tokio::task::JoinHandle<Result<Vec<Record>, String>>> = None;
     for (i, delta) in cand.deltas.iter().enumerate() {
         let records = match prefetch.take() {
@@ -330,16 +330,18 @@ async fn apply_deltas(
                     }
                 }
                 Record::Revision(r) => {
-                    if r.revision <= current {
+                    if r.revision <= pipe.enqueued {
                         continue; // already in the full snapshot (or an overlapping delta)
                     }
                     if cand.stop_at.is_some_and(|s| r.revision > s) {
-                        return Ok((current, applied));
+                        pipe.finish().await?;
+                        return Ok((pipe.applied_rev, pipe.applied));
                     }
-                    if r.revision != current + 1 {
+                    if r.revision != pipe.enqueued + 1 {
                         return Err(format!(
-                            "revision {} does not follow {current} in {}",
+                            "revision {} does not follow {} in {}",
                             r.revision,
+                            pipe.enqueued,
                             delta.key()
                         ));
                     }
@@ -355,19 +357,20 @@ async fn apply_deltas(
                             EventType::Delete => TxnOp::delete(e.key.clone(), None),
                         })
                         .collect();
-                    let resp = client
-                        .txn(Txn::new().and_then(ops))
-                        .await
-                        .map_err(|e| format!("apply revision {}: {e}", r.revision))?;
-                    let got = resp.header().map(|h| h.revision()).unwrap_or(0);
-                    if got != r.revision {
+                    let Some(first) = r.events.first() else {
                         return Err(format!(
-                            "applying revision {} produced revision {got}",
-                            r.revision
+                            "revision {} has no events in {}",
+                            r.revision,
+                            delta.key()
                         ));
-                    }
-                    current = got;
-                    applied += 1;
+                    };
+                    let guard = match first.kind {
+                        EventType::Put => {
+                            Compare::mod_revision(first.key.clone(), CompareOp::Equal, r.revision)
+                        }
+                        EventType::Delete => Compare::version(first.key.clone(), CompareOp::Equal, 0),
+                    };
+                    pipe.push(r.revision, ops, guard).await?;
                 }
             }
             if last_keepalive.elapsed() > Duration::from_secs(1) && !leases.is_empty() {
@@ -375,6 +378,7 @@ async fn apply_deltas(
                 last_keepalive = Instant::now();
             }
         }
+        let current = pipe.applied_rev;
         if let Kind::Delta { last, .. } = delta.kind {
             tracing::debug!(
                 delta = i + 1,
@@ -393,7 +397,136 @@ async fn apply_deltas(
             cand.deltas.len()
         ));
     }
-    Ok((current, applied))
+    pipe.finish().await?;
+    tracing::info!(
+        revisions = pipe.applied,
+        reorders = pipe.reorders,
+        revision = pipe.applied_rev,
+        "deltas replayed"
+    );
+    Ok((pipe.applied_rev, pipe.applied))
+}
+
+/// How many transactions may be in flight during a replay.
+const WINDOW: usize = 32;
+
+type InFlight = tokio::task::JoinHandle<Result<etcd_client::TxnResponse, etcd_client::Error>>;
+
+/// Replays revisions with up to [`WINDOW`] transactions in flight, still strictly in order: each
+/// transaction carries a guard that holds only once the previous revision is applied (its first key
+/// has that revision as mod_revision, or is gone after a delete). A transaction that etcd happens
+/// to take before its predecessor fails the guard, changes nothing, and is sent again; so the
+/// revision numbers and every key's mod_revision still come out exactly as in the original.
+struct Pipeline {
+    kv: etcd_client::KvClient,
+    window: std::collections::VecDeque<(i64, Txn, InFlight)>,
+    prev_guard: Option<Compare>,
+    /// The last revision handed to the pipeline.
+    enqueued: i64,
+    /// The last revision confirmed applied.
+    applied_rev: i64,
+    applied: u64,
+    /// Times etcd took a transaction before its predecessor (each costs one resend round).
+    reorders: u64,
+}
+
+impl Pipeline {
+    fn new(kv: etcd_client::KvClient, current: i64) -> Self {
+        Self {
+            kv,
+            window: std::collections::VecDeque::new(),
+            prev_guard: None,
+            enqueued: current,
+            applied_rev: current,
+            applied: 0,
+            reorders: 0,
+        }
+    }
+
+    fn send(&mut self, rev: i64, txn: Txn) {
+        let mut kv = self.kv.clone();
+        let t = txn.clone();
+        let h = tokio::spawn(async move { kv.txn(t).await });
+        self.window.push_back((rev, txn, h));
+    }
+
+    async fn push(&mut self, rev: i64, ops: Vec<TxnOp>, guard_for_next: Compare) -> Result<(), String> {
+        let txn = match self.prev_guard.take() {
+            Some(g) => Txn::new().when(vec![g]).and_then(ops),
+            None => Txn::new().and_then(ops),
+        };
+        self.prev_guard = Some(guard_for_next);
+        self.enqueued = rev;
+        self.send(rev, txn);
+        while self.window.len() >= WINDOW {
+            self.complete_front().await?;
+        }
+        Ok(())
+    }
+
+    async fn finish(&mut self) -> Result<(), String> {
+        while !self.window.is_empty() {
+            self.complete_front().await?;
+        }
+        Ok(())
+    }
+
+    fn confirm(&mut self, rev: i64, resp: &etcd_client::TxnResponse) -> Result<(), String> {
+        let got = resp.header().map(|h| h.revision()).unwrap_or(0);
+        if got != rev {
+            return Err(format!("applying revision {rev} produced revision {got}"));
+        }
+        self.applied_rev = rev;
+        self.applied += 1;
+        Ok(())
+    }
+
+    async fn complete_front(&mut self) -> Result<(), String> {
+        let Some((rev, txn, h)) = self.window.pop_front() else {
+            return Ok(());
+        };
+        let resp = h
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("apply revision {rev}: {e}"))?;
+        if resp.succeeded() {
+            return self.confirm(rev, &resp);
+        }
+        // Taken before its predecessor. Everything after it fails its guard too; collect them,
+        // apply this one alone (its predecessor is confirmed now), then send the rest again.
+        let mut rest = Vec::new();
+        for (r, t, h) in self.window.drain(..) {
+            let resp = h
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("apply revision {r}: {e}"))?;
+            if resp.succeeded() {
+                return Err(format!("revision {r} was applied out of order"));
+            }
+            rest.push((r, t));
+        }
+        let resp = self
+            .kv
+            .txn(txn)
+            .await
+            .map_err(|e| format!("apply revision {rev}: {e}"))?;
+        if !resp.succeeded() {
+            return Err(format!(
+                "revision {rev} failed its order guard after its predecessor was applied"
+            ));
+        }
+        self.confirm(rev, &resp)?;
+        self.reorders += 1;
+        tracing::debug!(
+            revision = rev,
+            resent = rest.len(),
+            "replay reordered by etcd; resending"
+        );
+        for (r, t) in rest {
+            self.send(r, t);
+        }
+        Ok(())
+    }
 }
 
 async fn keep_alive(client: &mut Client, leases: &HashSet<i64>) {
