@@ -410,7 +410,9 @@ async fn apply_deltas(
 /// How many transactions may be in flight during a replay.
 const WINDOW: usize = 32;
 
-type InFlight = tokio::task::JoinHandle<Result<etcd_client::TxnResponse, etcd_client::Error>>;
+type TxnFuture = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<etcd_client::TxnResponse, etcd_client::Error>> + Send>,
+>;
 
 /// Replays revisions with up to [`WINDOW`] transactions in flight, still strictly in order: each
 /// transaction carries a guard that holds only once the previous revision is applied (its first key
@@ -419,7 +421,10 @@ type InFlight = tokio::task::JoinHandle<Result<etcd_client::TxnResponse, etcd_cl
 /// revision numbers and every key's mod_revision still come out exactly as in the original.
 struct Pipeline {
     kv: etcd_client::KvClient,
-    window: std::collections::VecDeque<(i64, Txn, InFlight)>,
+    /// Sent transactions in order, and their responses in the same order. The futures live on this
+    /// task (not spawned), so requests go on the wire in order and etcd rarely reorders them.
+    window: std::collections::VecDeque<(i64, Txn)>,
+    inflight: futures_util::stream::FuturesOrdered<TxnFuture>,
     prev_guard: Option<Compare>,
     /// The last revision handed to the pipeline.
     enqueued: i64,
@@ -435,6 +440,7 @@ impl Pipeline {
         Self {
             kv,
             window: std::collections::VecDeque::new(),
+            inflight: futures_util::stream::FuturesOrdered::new(),
             prev_guard: None,
             enqueued: current,
             applied_rev: current,
@@ -446,8 +452,16 @@ impl Pipeline {
     fn send(&mut self, rev: i64, txn: Txn) {
         let mut kv = self.kv.clone();
         let t = txn.clone();
-        let h = tokio::spawn(async move { kv.txn(t).await });
-        self.window.push_back((rev, txn, h));
+        self.inflight.push_back(Box::pin(async move { kv.txn(t).await }));
+        self.window.push_back((rev, txn));
+    }
+
+    async fn next_response(&mut self, rev: i64) -> Result<etcd_client::TxnResponse, String> {
+        use futures_util::StreamExt;
+        match self.inflight.next().await {
+            Some(r) => r.map_err(|e| format!("apply revision {rev}: {e}")),
+            None => Err(format!("no response for revision {rev}")),
+        }
     }
 
     async fn push(&mut self, rev: i64, ops: Vec<TxnOp>, guard_for_next: Compare) -> Result<(), String> {
@@ -482,24 +496,18 @@ impl Pipeline {
     }
 
     async fn complete_front(&mut self) -> Result<(), String> {
-        let Some((rev, txn, h)) = self.window.pop_front() else {
+        let Some((rev, txn)) = self.window.pop_front() else {
             return Ok(());
         };
-        let resp = h
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("apply revision {rev}: {e}"))?;
+        let resp = self.next_response(rev).await?;
         if resp.succeeded() {
             return self.confirm(rev, &resp);
         }
         // Taken before its predecessor. Everything after it fails its guard too; collect them,
         // apply this one alone (its predecessor is confirmed now), then send the rest again.
         let mut rest = Vec::new();
-        for (r, t, h) in self.window.drain(..) {
-            let resp = h
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("apply revision {r}: {e}"))?;
+        while let Some((r, t)) = self.window.pop_front() {
+            let resp = self.next_response(r).await?;
             if resp.succeeded() {
                 return Err(format!("revision {r} was applied out of order"));
             }
