@@ -20,14 +20,6 @@ use nix::sys::signal::Signal;
 
 const START: Duration = Duration::from_secs(30);
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn etcd_argv(etcd: &Path, ip: &str, data: &Path) -> Vec<String> {
     let mut v = vec![etcd.display().to_string()];
     v.extend(etcd_args(ip, data));

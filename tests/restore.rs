@@ -19,14 +19,6 @@ const START: Duration = Duration::from_secs(30);
 
 type Kv = (Vec<u8>, Vec<u8>, i64, i64, i64, i64); // key, value, create, mod, version, lease
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 async fn client(ip: &str) -> Client {
     Client::connect([format!("http://{ip}:2379")], None)
         .await
@@ -112,46 +104,37 @@ fn restore_cli(store: &str, data: &Path, etcd: &Path, ip: &str, extra: &[&str]) 
 fn exact_restore(etcd: &Path) {
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
-    let store = format!("file://{}", dir.path().join("store").display());
-    let mut argv = vec![etcd.display().to_string()];
-    argv.extend(etcd_args(&ip, &dir.path().join("data")));
-    let mut w = Warden::start(
-        &ip,
-        &["--store", &store, "--delta-snapshot-period", "200ms"],
-        &argv,
-    );
-    w.wait_ready(START);
-    wait_for("the first full snapshot", START, || {
-        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
-    });
+    let (mut w, store) = warden_with_file_store(etcd, &ip, dir.path(), &[]);
     let rt = rt();
 
     // Writes run continuously while a full snapshot is taken (SIGUSR1).
     let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let writer = {
-        let (stop, ip) = (stop.clone(), ip.clone());
+        let (stop, rounds, ip) = (stop.clone(), rounds.clone(), ip.clone());
         std::thread::spawn(move || {
             let rt = rt_small();
             rt.block_on(async {
                 let mut c = client(&ip).await;
-                let mut round = 0;
                 while !stop.load(Ordering::SeqCst) {
-                    write_mix(&mut c, round).await;
-                    round += 1;
+                    write_mix(&mut c, rounds.load(Ordering::SeqCst)).await;
+                    rounds.fetch_add(1, Ordering::SeqCst);
                 }
-                round
             })
         })
     };
-    std::thread::sleep(Duration::from_millis(300));
+    let at_least = |n: u64, what: &str| {
+        wait_for(what, START, || (rounds.load(Ordering::SeqCst) >= n).then_some(()));
+    };
+    at_least(50, "50 rounds of writes before the snapshot");
     w.signal(Signal::SIGUSR1);
     wait_for("the full snapshot under writes", START, || {
         (w.status()["backup"]["fulls_total"].as_u64() >= Some(2)).then_some(())
     });
-    std::thread::sleep(Duration::from_millis(300));
+    let after = rounds.load(Ordering::SeqCst);
+    at_least(after + 50, "50 more rounds of writes after the snapshot");
     stop.store(true, Ordering::SeqCst);
-    let rounds = writer.join().unwrap();
-    assert!(rounds > 20, "too few writes during the snapshot: {rounds}");
+    writer.join().unwrap();
 
     // A lease granted after the last full snapshot: it reaches the store only through deltas.
     let (lease_id, mid) = rt.block_on(async {
@@ -239,18 +222,7 @@ fn corrupt_newest_full_falls_back_to_the_older_chain() {
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
-    let store = format!("file://{}", store_dir.display());
-    let mut argv = vec![etcd.display().to_string()];
-    argv.extend(etcd_args(&ip, &dir.path().join("data")));
-    let mut w = Warden::start(
-        &ip,
-        &["--store", &store, "--delta-snapshot-period", "200ms"],
-        &argv,
-    );
-    w.wait_ready(START);
-    wait_for("the first full snapshot", START, || {
-        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
-    });
+    let (mut w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);
     let rt = rt();
     rt.block_on(async {
         let mut c = client(&ip).await;

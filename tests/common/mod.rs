@@ -387,3 +387,28 @@ impl Drop for PlainEtcd {
         let _ = self.child.wait();
     }
 }
+
+/// A multi-thread tokio runtime for tests that call the library or an etcd client.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A ready warden running `etcd` on `ip` with a file store in `dir/store`, once its first full
+/// snapshot is in the store. Returns the warden and the store URL.
+pub fn warden_with_file_store(etcd: &Path, ip: &str, dir: &Path, extra: &[&str]) -> (Warden, String) {
+    let store = format!("file://{}", dir.join("store").display());
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(ip, &dir.join("data")));
+    let mut opts = vec!["--store", store.as_str(), "--delta-snapshot-period", "200ms"];
+    opts.extend_from_slice(extra);
+    let w = Warden::start(ip, &opts, &argv);
+    w.wait_ready(Duration::from_secs(30));
+    wait_for("the first full snapshot", Duration::from_secs(30), || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    (w, store)
+}
