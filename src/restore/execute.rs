@@ -357,19 +357,22 @@ async fn apply_deltas(
                             EventType::Delete => TxnOp::delete(e.key.clone(), None),
                         })
                         .collect();
-                    let Some(first) = r.events.first() else {
+                    if r.events.is_empty() {
                         return Err(format!(
                             "revision {} has no events in {}",
                             r.revision,
                             delta.key()
                         ));
-                    };
-                    let guard = match first.kind {
-                        EventType::Put => {
-                            Compare::mod_revision(first.key.clone(), CompareOp::Equal, r.revision)
-                        }
-                        EventType::Delete => Compare::version(first.key.clone(), CompareOp::Equal, 0),
-                    };
+                    }
+                    // The next transaction may only apply after this one: a key this revision puts
+                    // carries it as mod_revision exactly then. A delete-only revision has no such
+                    // proof (a key can also be absent because an earlier put was not applied yet),
+                    // so the pipeline drains behind it instead.
+                    let guard = r
+                        .events
+                        .iter()
+                        .find(|e| e.kind == EventType::Put)
+                        .map(|e| Compare::mod_revision(e.key.clone(), CompareOp::Equal, r.revision));
                     pipe.push(r.revision, ops, guard).await?;
                 }
             }
@@ -415,10 +418,12 @@ type TxnFuture = std::pin::Pin<
 >;
 
 /// Replays revisions with up to [`WINDOW`] transactions in flight, still strictly in order: each
-/// transaction carries a guard that holds only once the previous revision is applied (its first key
-/// has that revision as mod_revision, or is gone after a delete). A transaction that etcd happens
-/// to take before its predecessor fails the guard, changes nothing, and is sent again; so the
-/// revision numbers and every key's mod_revision still come out exactly as in the original.
+/// transaction carries a guard that holds only once the previous revision is applied (a key that
+/// revision puts has it as mod_revision, which no other transaction can produce while an earlier
+/// one is missing). A transaction that etcd happens to take before its predecessor fails the
+/// guard, changes nothing, and is sent again; after a delete-only revision, which no key can prove,
+/// the pipeline drains. So revision numbers and every key's mod_revision come out exactly as in the
+/// original.
 struct Pipeline {
     kv: etcd_client::KvClient,
     /// Sent transactions in order, and their responses in the same order. The futures live on this
@@ -464,14 +469,23 @@ impl Pipeline {
         }
     }
 
-    async fn push(&mut self, rev: i64, ops: Vec<TxnOp>, guard_for_next: Compare) -> Result<(), String> {
+    async fn push(
+        &mut self,
+        rev: i64,
+        ops: Vec<TxnOp>,
+        guard_for_next: Option<Compare>,
+    ) -> Result<(), String> {
         let txn = match self.prev_guard.take() {
             Some(g) => Txn::new().when(vec![g]).and_then(ops),
             None => Txn::new().and_then(ops),
         };
-        self.prev_guard = Some(guard_for_next);
         self.enqueued = rev;
         self.send(rev, txn);
+        match guard_for_next {
+            Some(g) => self.prev_guard = Some(g),
+            // No key proves this revision applied: wait until it is, so the next needs no guard.
+            None => self.finish().await?,
+        }
         while self.window.len() >= WINDOW {
             self.complete_front().await?;
         }
