@@ -307,17 +307,7 @@ pub async fn verify_deep(store_url: String, etcd: String, reaper: crate::pid1::R
             return 1;
         }
     };
-    let opts = crate::restore::RestoreOptions {
-        progress: Default::default(),
-        data_dir: scratch.join("data"),
-        etcd,
-        tool: None,
-        name: "verify".into(),
-        initial_cluster: Some("verify=http://127.0.0.1:2380".into()),
-        initial_advertise_peer_urls: Some("http://127.0.0.1:2380".into()),
-        initial_cluster_token: None,
-        target: crate::restore::Target::Latest,
-    };
+    let opts = crate::restore::RestoreOptions::scratch(scratch.join("data"), etcd);
     let code = match crate::restore::restore(&store, &opts, &reaper).await {
         Ok(r) => {
             println!(

@@ -12,7 +12,6 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::execute::{RestoreOptions, restore};
-use super::plan::Target;
 use crate::config::RunConfig;
 use crate::pid1::Reaper;
 use crate::store::Store;
@@ -54,24 +53,10 @@ pub async fn run(
             crate::store::layout::format_time(crate::store::layout::now_ms())
         ));
         let scratch = PathBuf::from(scratch);
-        let opts = RestoreOptions {
-            progress: Default::default(),
-            data_dir: scratch.join("data"),
-            etcd: cfg.launch.program.clone(),
-            tool: None,
-            name: "verify".into(),
-            initial_cluster: Some("verify=http://127.0.0.1:2380".into()),
-            initial_advertise_peer_urls: Some("http://127.0.0.1:2380".into()),
-            initial_cluster_token: None,
-            target: Target::Latest,
-        };
-        let extra = match &cfg.backup.credentials {
-            Some(p) => crate::store::read_credentials(p).unwrap_or_default(),
-            None => Vec::new(),
-        };
+        let opts = RestoreOptions::scratch(scratch.join("data"), cfg.launch.program.clone());
         let result = async {
-            let store =
-                Store::open_with(&cfg.store, &extra).map_err(|e| crate::telemetry::error_chain(&e))?;
+            let store = Store::open_configured(&cfg.store, cfg.backup.credentials.as_deref())
+                .map_err(|e| crate::telemetry::error_chain(&e))?;
             std::fs::create_dir_all(&scratch).map_err(|e| format!("create {}: {e}", scratch.display()))?;
             let report = tokio::select! {
                 _ = cancel.cancelled() => return Err("cancelled".to_owned()),

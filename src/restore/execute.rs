@@ -93,6 +93,24 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
     }
 }
 
+impl RestoreOptions {
+    /// A throwaway restore of the newest chain into `data_dir` (deep verify and the drill): a
+    /// one-member cluster named `verify` on loopback, which etcdutl accepts.
+    pub fn scratch(data_dir: PathBuf, etcd: PathBuf) -> Self {
+        Self {
+            progress: Progress::default(),
+            data_dir,
+            etcd,
+            tool: None,
+            name: "verify".into(),
+            initial_cluster: Some("verify=http://127.0.0.1:2380".into()),
+            initial_advertise_peer_urls: Some("http://127.0.0.1:2380".into()),
+            initial_cluster_token: None,
+            target: Target::Latest,
+        }
+    }
+}
+
 /// Whether a path is absent or an empty directory.
 pub fn is_empty_dir(path: &Path) -> bool {
     match std::fs::read_dir(path) {

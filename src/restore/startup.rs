@@ -42,11 +42,8 @@ fn set(status: &watch::Sender<Option<String>>, what: &str) {
 }
 
 fn open_store(cfg: &RunConfig) -> Result<Store, String> {
-    let extra = match &cfg.backup.credentials {
-        Some(p) => crate::store::read_credentials(p).map_err(|e| e.to_string())?,
-        None => Vec::new(),
-    };
-    Store::open_with(&cfg.store, &extra).map_err(|e| crate::telemetry::error_chain(&e))
+    Store::open_configured(&cfg.store, cfg.backup.credentials.as_deref())
+        .map_err(|e| crate::telemetry::error_chain(&e))
 }
 
 /// The newest revision a restore would reach, or `None` when the store holds no backup.

@@ -204,6 +204,17 @@ impl Backup {
         }
     }
 
+    /// Backs off; `true` when a stop request arrived meanwhile (it has been answered).
+    async fn back_off_or_stop(&mut self) -> bool {
+        match self.back_off().await {
+            Some(Outcome::Stop(reply)) => {
+                let _ = reply.send(());
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Waits until the current etcd is healthy; `Some` when asked to stop meanwhile.
     async fn wait_healthy(&mut self) -> Option<oneshot::Sender<()>> {
         loop {
@@ -236,27 +247,21 @@ impl Backup {
                 Ok(c) => c,
                 Err(err) => {
                     tracing::debug!(error = %err, "backup client not connected yet");
-                    if let Some(Outcome::Stop(r)) = self.back_off().await {
-                        let _ = r.send(());
+                    if self.back_off_or_stop().await {
                         return;
                     }
                     continue;
                 }
             };
-            let opened = match &self.cfg.credentials {
-                Some(path) => {
-                    self.creds_mtime = mtime(path);
-                    crate::store::read_credentials(path)
-                        .and_then(|extra| Store::open_with(&self.cfg.store, &extra))
-                }
-                None => Store::open(&self.cfg.store),
-            };
+            if let Some(path) = &self.cfg.credentials {
+                self.creds_mtime = mtime(path);
+            }
+            let opened = Store::open_configured(&self.cfg.store, self.cfg.credentials.as_deref());
             let store = match opened {
                 Ok(s) => s,
                 Err(err) => {
                     self.failed("store", "configure", &err);
-                    if let Some(Outcome::Stop(r)) = self.back_off().await {
-                        let _ = r.send(());
+                    if self.back_off_or_stop().await {
                         return;
                     }
                     continue;
@@ -265,8 +270,7 @@ impl Backup {
             let start = match self.chain_start(&mut client, &store, force_full).await {
                 Ok(s) => s,
                 Err(()) => {
-                    if let Some(Outcome::Stop(r)) = self.back_off().await {
-                        let _ = r.send(());
+                    if self.back_off_or_stop().await {
                         return;
                     }
                     continue;
@@ -281,8 +285,7 @@ impl Backup {
                 Outcome::NeedFull => force_full = true,
                 Outcome::Reopen => {}
                 Outcome::Reconnect => {
-                    if let Some(Outcome::Stop(r)) = self.back_off().await {
-                        let _ = r.send(());
+                    if self.back_off_or_stop().await {
                         return;
                     }
                 }

@@ -110,11 +110,42 @@ fn client_default(env_prefix: &str, suffix: &str) -> bool {
     std::env::var_os(format!("{env_prefix}_{suffix}")).is_none()
 }
 
+/// Applies the client defaults (unless the environment sets them) and the credentials-file
+/// settings to one of object_store's cloud builders; `$key` is that builder's config-key type.
+macro_rules! configure {
+    ($builder:expr, $key:path, $env:literal, $extra:expr) => {{
+        let mut b = $builder.with_retry(retry());
+        for (key, value, suffix) in CLIENT_DEFAULTS {
+            if client_default($env, suffix) {
+                b = b.with_config(<$key>::Client(key), value);
+            }
+        }
+        for (k, v) in $extra {
+            if let Ok(key) = k.to_ascii_lowercase().parse::<$key>() {
+                b = b.with_config(key, v);
+            }
+        }
+        b
+    }};
+}
+
 impl Store {
     /// Builds the client from the URL and the environment the clouds' own tools read
     /// (AWS_*, GOOGLE_*, AZURE_*). Creates a file store's directory.
     pub fn open(url: &StoreUrl) -> Result<Self, StoreError> {
         Self::open_with(url, &[])
+    }
+
+    /// Opens the store with `--store-credentials` (if any) read afresh over the environment.
+    pub fn open_configured(
+        url: &StoreUrl,
+        credentials: Option<&std::path::Path>,
+    ) -> Result<Self, StoreError> {
+        let extra = match credentials {
+            Some(p) => read_credentials(p)?,
+            None => Vec::new(),
+        };
+        Self::open_with(url, &extra)
     }
 
     /// Like [`Store::open`], with extra settings (from a credentials file) over the environment.
@@ -136,53 +167,32 @@ impl Store {
                 (Arc::new(fs), "")
             }
             StoreUrl::S3 { bucket, prefix } => {
-                let mut b = object_store::aws::AmazonS3Builder::from_env()
-                    .with_bucket_name(bucket)
-                    .with_retry(retry());
-                for (key, value, suffix) in CLIENT_DEFAULTS {
-                    if client_default("AWS", suffix) {
-                        b = b.with_config(object_store::aws::AmazonS3ConfigKey::Client(key), value);
-                    }
-                }
-                for (k, v) in extra {
-                    if let Ok(key) = k.to_ascii_lowercase().parse() {
-                        b = b.with_config(key, v);
-                    }
-                }
+                let b = configure!(
+                    object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket),
+                    object_store::aws::AmazonS3ConfigKey,
+                    "AWS",
+                    extra
+                );
                 let s3 = b.build().map_err(cfg("s3"))?;
                 (Arc::new(s3), prefix)
             }
             StoreUrl::Gcs { bucket, prefix } => {
-                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
-                    .with_bucket_name(bucket)
-                    .with_retry(retry());
-                for (key, value, suffix) in CLIENT_DEFAULTS {
-                    if client_default("GOOGLE", suffix) {
-                        b = b.with_config(object_store::gcp::GoogleConfigKey::Client(key), value);
-                    }
-                }
-                for (k, v) in extra {
-                    if let Ok(key) = k.to_ascii_lowercase().parse() {
-                        b = b.with_config(key, v);
-                    }
-                }
+                let b = configure!(
+                    object_store::gcp::GoogleCloudStorageBuilder::from_env().with_bucket_name(bucket),
+                    object_store::gcp::GoogleConfigKey,
+                    "GOOGLE",
+                    extra
+                );
                 let gcs = b.build().map_err(cfg("gs"))?;
                 (Arc::new(gcs), prefix)
             }
             StoreUrl::Azure { container, prefix } => {
-                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env()
-                    .with_container_name(container)
-                    .with_retry(retry());
-                for (key, value, suffix) in CLIENT_DEFAULTS {
-                    if client_default("AZURE", suffix) {
-                        b = b.with_config(object_store::azure::AzureConfigKey::Client(key), value);
-                    }
-                }
-                for (k, v) in extra {
-                    if let Ok(key) = k.to_ascii_lowercase().parse() {
-                        b = b.with_config(key, v);
-                    }
-                }
+                let b = configure!(
+                    object_store::azure::MicrosoftAzureBuilder::from_env().with_container_name(container),
+                    object_store::azure::AzureConfigKey,
+                    "AZURE",
+                    extra
+                );
                 let az = b.build().map_err(cfg("az"))?;
                 (Arc::new(az), prefix)
             }
