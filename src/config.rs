@@ -16,6 +16,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::etcd::{ClientConfig, EtcdArgs, TlsOverrides};
+use crate::ownership::{Lookup, OwnershipConfig};
 use crate::snapshot::backup::BackupConfig;
 use crate::store::StoreUrl;
 use crate::store::layout::Compression;
@@ -222,6 +223,21 @@ pub struct RunOptions {
     /// Client key for the warden's etcd client [default: etcd's --key-file when --client-cert-auth]
     #[arg(long, env = "ETCD_WARDEN_ETCD_KEY", value_name = "FILE")]
     pub etcd_key: Option<PathBuf>,
+    /// DNS name whose TXT record names the host that owns the data; turns the ownership check on
+    #[arg(long, env = "ETCD_WARDEN_OWNER_NAME", value_name = "NAME")]
+    pub owner_name: Option<String>,
+    /// This host's id: it owns the data while the TXT record at --owner-name equals this
+    #[arg(long, env = "ETCD_WARDEN_OWNER_ID", value_name = "ID")]
+    pub owner_id: Option<String>,
+    /// How often ownership is checked; a lost owner is fenced within this [default: 2s]
+    #[arg(long, env = "ETCD_WARDEN_OWNER_CHECK_INTERVAL", value_name = "DURATION")]
+    pub owner_check_interval: Option<String>,
+    /// DNS server to ask, IP:PORT [default: the system resolver, /etc/resolv.conf]
+    #[arg(long, env = "ETCD_WARDEN_OWNER_CHECK_RESOLVER", value_name = "HOST:PORT")]
+    pub owner_check_resolver: Option<String>,
+    /// Deadline for one ownership check; no answer in time is "unknown", never "lost" [default: 1s]
+    #[arg(long, env = "ETCD_WARDEN_OWNER_CHECK_TIMEOUT", value_name = "DURATION")]
+    pub owner_check_timeout: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -252,6 +268,8 @@ pub struct RunConfig {
     pub config_file: Option<PathBuf>,
     pub backup: BackupConfig,
     pub verify_schedule: Option<croner::Cron>,
+    /// `None`: no ownership check; this host always owns the data.
+    pub ownership: Option<OwnershipConfig>,
 }
 
 /// Bad usage or configuration: exit 64.
@@ -313,6 +331,11 @@ impl RunOptions {
             etcd_ca: self.etcd_ca.or(file.etcd_ca),
             etcd_cert: self.etcd_cert.or(file.etcd_cert),
             etcd_key: self.etcd_key.or(file.etcd_key),
+            owner_name: self.owner_name.or(file.owner_name),
+            owner_id: self.owner_id.or(file.owner_id),
+            owner_check_interval: self.owner_check_interval.or(file.owner_check_interval),
+            owner_check_resolver: self.owner_check_resolver.or(file.owner_check_resolver),
+            owner_check_timeout: self.owner_check_timeout.or(file.owner_check_timeout),
         }
     }
 }
@@ -398,6 +421,7 @@ impl RunConfig {
             }
         };
 
+        let ownership = ownership(&o)?;
         let overrides = TlsOverrides {
             ca: o.etcd_ca,
             cert: o.etcd_cert,
@@ -518,8 +542,93 @@ impl RunConfig {
             config_file: args.config,
             backup,
             verify_schedule,
+            ownership,
         })
     }
+}
+
+fn ownership(o: &RunOptions) -> Result<Option<OwnershipConfig>, ConfigError> {
+    let (name, id) = match (&o.owner_name, &o.owner_id) {
+        (None, None) => {
+            for (set, option) in [
+                (o.owner_check_interval.is_some(), "owner-check-interval"),
+                (o.owner_check_resolver.is_some(), "owner-check-resolver"),
+                (o.owner_check_timeout.is_some(), "owner-check-timeout"),
+            ] {
+                if set {
+                    return Err(ConfigError::Invalid {
+                        option,
+                        reason: "needs --owner-name and --owner-id (the ownership check is off without them)"
+                            .into(),
+                    });
+                }
+            }
+            return Ok(None);
+        }
+        (Some(name), Some(id)) => (name.trim(), id.trim()),
+        (Some(_), None) => {
+            return Err(ConfigError::Invalid {
+                option: "owner-id",
+                reason: "missing: --owner-name needs --owner-id, the value of the TXT record that means \"this host\""
+                    .into(),
+            });
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::Invalid {
+                option: "owner-name",
+                reason: "missing: --owner-id needs --owner-name, the DNS name of the TXT record to check"
+                    .into(),
+            });
+        }
+    };
+    let valid_name = !name.is_empty()
+        && name.len() <= 253
+        && name.trim_end_matches('.').split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        });
+    if !valid_name {
+        return Err(ConfigError::Invalid {
+            option: "owner-name",
+            reason: format!("{name:?} is not a DNS name (write e.g. _etcd-owner.cluster.example.com)"),
+        });
+    }
+    if id.is_empty() {
+        return Err(ConfigError::Invalid {
+            option: "owner-id",
+            reason: "is empty (write this host's id, as the TXT record will name it)".into(),
+        });
+    }
+    let interval = duration("owner-check-interval", o.owner_check_interval.as_deref(), "2s")?;
+    let timeout = duration("owner-check-timeout", o.owner_check_timeout.as_deref(), "1s")?;
+    if interval < Duration::from_millis(100) || timeout.is_zero() || timeout > interval {
+        return Err(ConfigError::Invalid {
+            option: "owner-check-timeout",
+            reason: format!(
+                "--owner-check-interval {} must be at least 100ms and --owner-check-timeout {} above zero and not longer than the interval",
+                humantime::format_duration(interval),
+                humantime::format_duration(timeout)
+            ),
+        });
+    }
+    let resolver = match &o.owner_check_resolver {
+        None => None,
+        Some(r) => Some(r.parse::<SocketAddr>().map_err(|_| ConfigError::Invalid {
+            option: "owner-check-resolver",
+            reason: format!("{r:?} is not IP:PORT (write e.g. 10.0.0.53:53 or [::1]:53)"),
+        })?),
+    };
+    Ok(Some(OwnershipConfig {
+        id: id.to_owned(),
+        interval,
+        lookup: Lookup {
+            name: name.to_owned(),
+            resolver,
+            timeout,
+        },
+    }))
 }
 
 fn check_data_dir(path: &Path) -> Result<(), ConfigError> {

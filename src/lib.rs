@@ -8,6 +8,7 @@ pub mod etcd;
 pub mod http;
 pub mod metrics;
 pub mod notify;
+pub mod ownership;
 pub mod pid1;
 pub mod probe;
 pub mod readiness;

@@ -217,6 +217,88 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
     out
 }
 
+/// Ownership and fencing (rule 2). Absent when no ownership check is configured.
+fn ownership_families(shared: &Shared) -> Vec<Family> {
+    let o = shared.ownership.borrow().clone();
+    if !o.configured {
+        return Vec::new();
+    }
+    let f = shared.fence.borrow().clone();
+    let family = |name, help, counter, samples| Family {
+        name,
+        help,
+        counter,
+        samples,
+    };
+    let result = |r: &str| vec![("result".to_owned(), r.to_owned())];
+    let state = |st: &str| (vec![("state".to_owned(), st.to_owned())], b(o.state == st));
+    let mut out = vec![
+        family(
+            "etcd_warden_ownership_checks",
+            "Ownership checks, by result (owner, not_owner, unknown = DNS error or timeout).",
+            true,
+            vec![
+                (result("owner"), o.checks_owner_total as f64),
+                (result("not_owner"), o.checks_not_owner_total as f64),
+                (result("unknown"), o.checks_unknown_total as f64),
+            ],
+        ),
+        family(
+            "etcd_warden_ownership_state",
+            "1 for the last check's result: owner, not-owner or unknown.",
+            false,
+            vec![state("owner"), state("not-owner"), state("unknown")],
+        ),
+        family(
+            "etcd_warden_ownership_may_serve",
+            "1 while this host is the confirmed owner and etcd may serve clients.",
+            false,
+            vec![(Vec::new(), b(o.may_serve))],
+        ),
+        family(
+            "etcd_warden_fenced",
+            "1 while etcd is fenced (killed after ownership was lost).",
+            false,
+            vec![(Vec::new(), b(f.fenced_since.is_some()))],
+        ),
+        family(
+            "etcd_warden_fence_kills",
+            "Times etcd was SIGKILLed because ownership was lost.",
+            true,
+            vec![(Vec::new(), f.kills_total as f64)],
+        ),
+        family(
+            "etcd_warden_final_snapshots",
+            "Final snapshots uploaded after a fence.",
+            true,
+            vec![(Vec::new(), f.final_snapshots_total as f64)],
+        ),
+        family(
+            "etcd_warden_final_snapshot_failures",
+            "Failed attempts at a final snapshot.",
+            true,
+            vec![(Vec::new(), f.final_snapshot_failures_total as f64)],
+        ),
+    ];
+    if let Some(t) = o.checked_at {
+        out.push(family(
+            "etcd_warden_ownership_last_check_timestamp_seconds",
+            "Unix time of the last ownership check.",
+            false,
+            vec![(Vec::new(), to_unix(t))],
+        ));
+    }
+    if let Some(k) = f.last_kill_seconds {
+        out.push(family(
+            "etcd_warden_fence_kill_duration_seconds",
+            "From the ownership decision to etcd reaped, at the last fence.",
+            false,
+            vec![(Vec::new(), k)],
+        ));
+    }
+    out
+}
+
 fn b(v: bool) -> f64 {
     if v { 1.0 } else { 0.0 }
 }
@@ -358,6 +440,7 @@ pub fn render(shared: &Shared) -> String {
         })
         .collect();
     families.extend(backup_families(shared, s.revision));
+    families.extend(ownership_families(shared));
     let mut registry = Registry::default();
     registry.register_collector(Box::new(Collector { families }));
     let mut out = String::new();

@@ -52,6 +52,8 @@ pub async fn run(shared: Shared, cancel: CancellationToken) {
     let mut child = shared.child.clone();
     let mut health = shared.health.clone();
     let mut backup = shared.backup.clone();
+    let mut ownership = shared.ownership.clone();
+    let mut fence = shared.fence.clone();
     let mut ready_sent = false;
     let mut last_line = String::new();
     loop {
@@ -72,6 +74,8 @@ pub async fn run(shared: Shared, cancel: CancellationToken) {
             _ = child.changed() => {}
             _ = health.changed() => {}
             _ = backup.changed() => {}
+            _ = ownership.changed() => {}
+            _ = fence.changed() => {}
             _ = tokio::time::sleep(tick) => {}
         }
     }

@@ -1,24 +1,17 @@
 //! Rule 1: readiness is about etcd, never about backups.
 //!
-//! `/readyz` is 200 exactly when the etcd process of the current incarnation is running and has
-//! answered a linearizable read with a leader and no NOSPACE/CORRUPT alarm. (Ownership, restore and
-//! fencing join these inputs in later parts.) Backup state is deliberately not an input here.
+//! `/readyz` is 200 exactly when nothing holds etcd back (a shutdown, a fence, ownership not
+//! confirmed, a restore: the `gate`) and the etcd process of the current incarnation is running and
+//! has answered a linearizable read with a leader and no NOSPACE/CORRUPT alarm. Backup state is
+//! deliberately not an input here.
 
 use crate::etcd::Health;
 use crate::supervisor::{ChildState, Phase};
 
 /// `Ok` when ready, otherwise the reason shown by `/readyz`.
-pub fn evaluate(
-    child: &ChildState,
-    health: &Health,
-    shutting_down: bool,
-    restoring: Option<&str>,
-) -> Result<(), String> {
-    if shutting_down {
-        return Err("etcd-warden is shutting down".to_owned());
-    }
-    if let Some(what) = restoring {
-        return Err(format!("restoring: {what}"));
+pub fn evaluate(child: &ChildState, health: &Health, gate: Option<String>) -> Result<(), String> {
+    if let Some(reason) = gate {
+        return Err(reason);
     }
     match child.phase {
         Phase::Running if child.pid.is_some() => {}
@@ -30,6 +23,7 @@ pub fn evaluate(
         }
         Phase::Stopping => return Err("etcd is being stopped".to_owned()),
         Phase::Stopped => return Err("etcd is stopped".to_owned()),
+        Phase::Fencing | Phase::Fenced => return Err("fenced: etcd was killed".to_owned()),
     }
     if health.incarnation != child.incarnation {
         return Err("etcd has not passed a health check since it started".to_owned());
@@ -106,10 +100,15 @@ mod tests {
         ];
         for (child, health, want) in cases {
             assert_eq!(
-                evaluate(&child, &health, false, None),
+                evaluate(&child, &health, None),
                 want.map_err(str::to_owned),
                 "{child:?} {health:?}"
             );
         }
+        assert_eq!(
+            evaluate(&running(1), &healthy(1), Some("not owner: x".into())),
+            Err("not owner: x".to_owned()),
+            "a gate wins over a healthy etcd"
+        );
     }
 }

@@ -1,31 +1,42 @@
-//! `etcd-warden run`: wires the tasks together and turns signals into requests.
+//! `etcd-warden run`: wires the tasks together and drives etcd through its terms.
 //!
 //!   signal thread ──SIGCHLD──▶ Reaper (waitpid -1) ──exit status──▶ Supervisor (owns etcd)
 //!        │                                                            │ watch<ChildState>
 //!        └─SignalEvent─▶ run loop ──mpsc<Request>──────────────────────┘      │
-//!                           │                                                  ▼
-//!                           │   health loop (etcd client) ──watch<Health>──▶ Shared ──▶ http (/readyz …)
-//!                           │                                                  ▲   └──▶ notify (systemd)
-//!                           └─full/delta/stop─▶ backup loop ──watch<BackupStatus>┘
+//!                         ▲  │                                                 ▼
+//!   ownership checker ────┘  │   health loop (etcd client) ──watch<Health>──▶ Shared ──▶ http (/readyz …)
+//!   (DNS TXT, watch)         │                                                 ▲   └──▶ notify (systemd)
+//!                            └─full/delta/stop─▶ backup loop ──watch<BackupStatus>┘
+//!
+//! A term: wait until this host owns the data (at once without an ownership check) → validate or
+//! restore the data dir → start etcd → serve until a stop signal or until ownership is lost. Lost:
+//! fence (SIGKILL etcd's group at once, then the final snapshot from a private etcd), stay fenced,
+//! and begin a new term when ownership comes back.
 //!
 //! Shutdown order: not ready at once → flush the pending delta (bounded) → SIGTERM etcd → grace →
 //! SIGKILL → reap → the other tasks are cancelled → exit with etcd's status. A second stop signal
-//! SIGKILLs etcd at once, even while the flush is still running.
+//! SIGKILLs etcd at once, even while the flush is still running. A stop signal while the final
+//! snapshot is being taken lets it finish within --stop-timeout; a second one abandons it.
 
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
+use nix::sys::signal::Signal;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::RunConfig;
 use crate::etcd::Health;
+use crate::ownership::OwnershipStatus;
+use crate::ownership::fence::{self, FenceStatus};
 use crate::pid1::{ExitStatus, InitRole, Reaper};
 use crate::signals::SignalEvent;
-use crate::snapshot::backup::{Backup, BackupStatus, Control};
+use crate::snapshot::backup::{Backup, BackupHandle, BackupStatus, Control};
 use crate::state::Shared;
-use crate::supervisor::{ChildState, Request, Supervisor};
+use crate::supervisor::{ChildState, Phase, Request, Supervisor};
 use crate::telemetry::Heartbeat;
 
 /// Supervises etcd until a stop signal ends it; returns etcd's final exit status.
@@ -33,7 +44,7 @@ pub async fn run(
     config: RunConfig,
     reaper: Reaper,
     role: InitRole,
-    mut signals: mpsc::UnboundedReceiver<SignalEvent>,
+    signals: mpsc::UnboundedReceiver<SignalEvent>,
     listener: TcpListener,
 ) -> ExitStatus {
     let cancel = CancellationToken::new();
@@ -44,6 +55,11 @@ pub async fn run(
     let (drill_tx, drill_rx) = watch::channel(crate::restore::drill::DrillStatus::default());
     let (stopping_tx, stopping_rx) = watch::channel(false);
     let (restoring_tx, restoring_rx) = watch::channel(Some("checking the data dir".to_owned()));
+    let (ownership_tx, ownership_rx) = watch::channel(match config.ownership {
+        Some(_) => OwnershipStatus::unchecked(),
+        None => OwnershipStatus::not_configured(),
+    });
+    let (fence_tx, fence_rx) = watch::channel(FenceStatus::default());
     let shared = Shared {
         child: child_rx.clone(),
         health: health_rx.clone(),
@@ -51,6 +67,8 @@ pub async fn run(
         drill: drill_rx,
         shutting_down: stopping_rx,
         restoring: restoring_rx,
+        ownership: ownership_rx.clone(),
+        fence: fence_rx,
         reaper: reaper.clone(),
         role,
         started_at: SystemTime::now(),
@@ -67,6 +85,7 @@ pub async fn run(
         endpoints = %config.client.endpoints.join(","),
         listen = %config.listen,
         store = %config.store,
+        owner_name = config.ownership.as_ref().map(|o| o.lookup.name.as_str()),
         role = ?role,
         "etcd-warden starting"
     );
@@ -81,37 +100,14 @@ pub async fn run(
         cancel.child_token(),
     ));
     tracker.spawn(crate::notify::run(shared.clone(), cancel.child_token()));
-
-    // Validate (and if need be restore) the data dir before etcd may start. A stop signal meanwhile
-    // abandons it: the private etcd is killed, the target is left as it was.
-    {
-        let prepare = crate::restore::startup::prepare(&config, &reaper, &restoring_tx);
-        tokio::pin!(prepare);
-        let mut beat = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tokio::select! {
-                _ = beat.tick() => shared.supervisor_heartbeat.beat(),
-                decision = &mut prepare => {
-                    match decision {
-                        Ok(d) => tracing::info!(decision = ?d, "data dir ready"),
-                        Err(e) => {
-                            tracing::error!(error = %e, "start-up restore failed; etcd is not started");
-                            cancel.cancel();
-                            return ExitStatus::Code(1);
-                        }
-                    }
-                    break;
-                }
-                Some(ev) = signals.recv() => {
-                    if let SignalEvent::Stop(sig) = ev {
-                        tracing::warn!(signal = %sig, "stop requested during the start-up check; etcd was not started");
-                        cancel.cancel();
-                        return ExitStatus::Code(128 + sig as i32);
-                    }
-                }
-            }
-        }
-        restoring_tx.send_replace(None);
+    let recheck = Arc::new(Notify::new());
+    if let Some(oc) = config.ownership.clone() {
+        tracker.spawn(crate::ownership::run(
+            oc,
+            ownership_tx,
+            recheck.clone(),
+            cancel.child_token(),
+        ));
     }
     if let Some(schedule) = config.verify_schedule.clone() {
         tracker.spawn(crate::restore::drill::run(
@@ -122,68 +118,312 @@ pub async fn run(
             cancel.child_token(),
         ));
     }
-    let (backup, backup_handle) = Backup::new(config.backup.clone(), backup_tx, child_rx, health_rx);
+    let (backup, backup_handle) = Backup::new(config.backup.clone(), backup_tx, child_rx.clone(), health_rx);
     let backup_task = tokio::spawn(backup.run());
 
+    // One supervisor for the warden's whole life; it starts etcd only when asked.
     let (requests, request_rx) = mpsc::channel(16);
     let supervisor = Supervisor::new(
         config.policy,
         config.launch.clone(),
-        reaper,
+        reaper.clone(),
         child_tx,
         shared.supervisor_heartbeat.clone(),
     );
-    let mut supervisor = tokio::spawn(supervisor.run(request_rx));
-    // The flush before a graceful stop may take at most this long.
-    let flush_budget = (config.policy.stop_timeout / 2).min(Duration::from_secs(15));
+    let supervisor = tokio::spawn(supervisor.run(request_rx));
 
-    let status = loop {
-        tokio::select! {
-            done = &mut supervisor => break done.unwrap_or(ExitStatus::Code(1)),
-            Some(event) = signals.recv() => match event {
-                SignalEvent::Stop(sig) => {
-                    if *stopping_tx.borrow() {
-                        tracing::warn!(signal = %sig, "second stop signal: killing etcd now");
-                        let _ = requests.send(Request::Stop).await;
-                        let _ = requests.send(Request::Stop).await;
-                        continue;
-                    }
-                    tracing::info!(signal = %sig, "stop requested: flushing the pending delta, then stopping etcd");
-                    stopping_tx.send_replace(true);
-                    crate::notify::stopping(&shared);
-                    let handle = backup_handle.clone();
-                    let requests = requests.clone();
-                    tokio::spawn(async move {
-                        handle.stop(flush_budget).await;
-                        let _ = requests.send(Request::Stop).await;
-                    });
-                }
-                SignalEvent::Forward(sig) => {
-                    let _ = requests.send(Request::Forward(sig)).await;
-                }
-                SignalEvent::FullSnapshot => {
-                    if backup_handle.request_full() {
-                        tracing::info!("SIGUSR1: full snapshot requested");
-                    } else {
-                        tracing::info!("SIGUSR1: a full snapshot is already pending; coalesced");
-                    }
-                }
-                SignalEvent::DeltaSnapshot => {
-                    if backup_handle.request_delta() {
-                        tracing::info!("SIGUSR2: delta flush requested");
-                    }
-                }
-                SignalEvent::Reload => {
-                    tracing::info!("SIGHUP: re-opening the store (credentials are re-read)");
-                    let _ = backup_handle.control.try_send(Control::Reload);
-                }
-            },
-        }
+    let mut terms = Terms {
+        flush_budget: (config.policy.stop_timeout / 2).min(Duration::from_secs(15)),
+        config,
+        reaper,
+        shared,
+        signals,
+        requests,
+        supervisor,
+        backup: backup_handle,
+        stopping: stopping_tx,
+        restoring: restoring_tx,
+        fence: fence_tx,
+        ownership: ownership_rx,
+        child: child_rx,
+        recheck,
     };
+    let status = terms.run().await;
     tracing::info!(%status, "etcd stopped; warden exiting");
     backup_task.abort();
     cancel.cancel();
     tracker.close();
     let _ = tokio::time::timeout(Duration::from_secs(2), tracker.wait()).await;
     status
+}
+
+/// The run loop's state: everything it reads and the handles it drives.
+struct Terms {
+    config: RunConfig,
+    reaper: Reaper,
+    shared: Shared,
+    signals: mpsc::UnboundedReceiver<SignalEvent>,
+    requests: mpsc::Sender<Request>,
+    supervisor: JoinHandle<ExitStatus>,
+    backup: BackupHandle,
+    stopping: watch::Sender<bool>,
+    restoring: watch::Sender<Option<String>>,
+    fence: watch::Sender<FenceStatus>,
+    ownership: watch::Receiver<OwnershipStatus>,
+    child: watch::Receiver<ChildState>,
+    recheck: Arc<Notify>,
+    /// The flush before a graceful stop may take at most this long.
+    flush_budget: Duration,
+}
+
+/// How serving ended.
+enum Served {
+    Exit(ExitStatus),
+    OwnershipLost,
+}
+
+impl Terms {
+    async fn run(&mut self) -> ExitStatus {
+        loop {
+            if let Some(sig) = self.wait_for_ownership().await {
+                tracing::info!(signal = %sig, "stop requested while etcd was not running");
+                return self.finish().await;
+            }
+            if let Err(status) = self.prepare().await {
+                return status;
+            }
+            if !self.may_serve() {
+                tracing::warn!("ownership lost during the start-up check; etcd was not started");
+                continue;
+            }
+            let _ = self.requests.send(Request::Start).await;
+            match self.serve().await {
+                Served::Exit(status) => return status,
+                Served::OwnershipLost => {}
+            }
+            if let Some(status) = self.fence().await {
+                return status;
+            }
+        }
+    }
+
+    fn may_serve(&self) -> bool {
+        self.ownership.borrow().may_serve
+    }
+
+    /// Handles the signals that mean the same in every phase; returns a stop signal to the caller.
+    fn on_signal(&self, event: SignalEvent) -> Option<Signal> {
+        match event {
+            SignalEvent::Stop(sig) => return Some(sig),
+            SignalEvent::Forward(sig) => {
+                let _ = self.requests.try_send(Request::Forward(sig));
+            }
+            SignalEvent::FullSnapshot => {
+                if self.backup.request_full() {
+                    tracing::info!("SIGUSR1: full snapshot requested");
+                } else {
+                    tracing::info!("SIGUSR1: a full snapshot is already pending; coalesced");
+                }
+            }
+            SignalEvent::DeltaSnapshot => {
+                if self.backup.request_delta() {
+                    tracing::info!("SIGUSR2: delta flush requested");
+                }
+            }
+            SignalEvent::Reload => {
+                tracing::info!(
+                    "SIGHUP: re-opening the store (credentials are re-read) and re-checking ownership"
+                );
+                let _ = self.backup.control.try_send(Control::Reload);
+                self.recheck.notify_one();
+            }
+        }
+        None
+    }
+
+    /// Stops the supervisor (etcd is not running) and returns its status.
+    async fn finish(&mut self) -> ExitStatus {
+        self.stopping.send_replace(true);
+        crate::notify::stopping(&self.shared);
+        let _ = self.requests.send(Request::Stop).await;
+        (&mut self.supervisor).await.unwrap_or(ExitStatus::Code(1))
+    }
+
+    /// Until this host owns the data; `Some(signal)` when asked to stop meanwhile.
+    async fn wait_for_ownership(&mut self) -> Option<Signal> {
+        let mut announced = false;
+        loop {
+            if self.may_serve() {
+                return None;
+            }
+            if !announced {
+                tracing::info!("waiting for ownership to be confirmed before etcd gets its listeners");
+                announced = true;
+            }
+            tokio::select! {
+                _ = self.ownership.changed() => {}
+                Some(ev) = self.signals.recv() => {
+                    if let Some(sig) = self.on_signal(ev) {
+                        return Some(sig);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Validates (and if need be restores) the data dir. A stop signal meanwhile abandons it: the
+    /// private etcd is killed, the target is left as it was.
+    async fn prepare(&mut self) -> Result<(), ExitStatus> {
+        self.restoring
+            .send_replace(Some("checking the data dir".to_owned()));
+        let prepare = crate::restore::startup::prepare(&self.config, &self.reaper, &self.restoring);
+        tokio::pin!(prepare);
+        let mut beat = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = beat.tick() => self.shared.supervisor_heartbeat.beat(),
+                decision = &mut prepare => match decision {
+                    Ok(d) => {
+                        tracing::info!(decision = ?d, "data dir ready");
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "start-up restore failed; etcd is not started");
+                        return Err(ExitStatus::Code(1));
+                    }
+                },
+                Some(ev) = self.signals.recv() => {
+                    if let Some(sig) = self.on_signal(ev) {
+                        tracing::warn!(signal = %sig, "stop requested during the start-up check; etcd was not started");
+                        return Err(ExitStatus::Code(128 + sig as i32));
+                    }
+                }
+            }
+        }
+        self.restoring.send_replace(None);
+        Ok(())
+    }
+
+    /// etcd runs until a stop signal ends it or ownership is lost.
+    async fn serve(&mut self) -> Served {
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.ownership.changed() => {
+                    if !self.may_serve() {
+                        let _ = self.requests.send(Request::Fence).await;
+                        if *self.stopping.borrow() {
+                            tracing::error!("ownership lost during the graceful stop: etcd killed; no final snapshot (the warden is exiting)");
+                            continue;
+                        }
+                        return Served::OwnershipLost;
+                    }
+                }
+                done = &mut self.supervisor => return Served::Exit(done.unwrap_or(ExitStatus::Code(1))),
+                Some(ev) = self.signals.recv() => {
+                    let Some(sig) = self.on_signal(ev) else { continue };
+                    if *self.stopping.borrow() {
+                        tracing::warn!(signal = %sig, "second stop signal: killing etcd now");
+                        let _ = self.requests.send(Request::Stop).await;
+                        let _ = self.requests.send(Request::Stop).await;
+                        continue;
+                    }
+                    tracing::info!(signal = %sig, "stop requested: flushing the pending delta, then stopping etcd");
+                    self.stopping.send_replace(true);
+                    crate::notify::stopping(&self.shared);
+                    let handle = self.backup.clone();
+                    let requests = self.requests.clone();
+                    let budget = self.flush_budget;
+                    tokio::spawn(async move {
+                        handle.stop(budget).await;
+                        let _ = requests.send(Request::Stop).await;
+                    });
+                }
+            }
+        }
+    }
+
+    /// Ownership was lost and the kill is requested: wait for etcd's death, take the final snapshot,
+    /// stay fenced until ownership returns. `Some(status)` when the warden is to exit.
+    async fn fence(&mut self) -> Option<ExitStatus> {
+        let decided = Instant::now();
+        self.fence.send_modify(|f| {
+            f.fenced_since = Some(SystemTime::now());
+            f.step = Some("killing etcd".into());
+            f.kills_total += 1;
+        });
+        // The supervisor has SIGKILLed the group; wait for the reap (the kill itself is not awaited).
+        let mut child = self.child.clone();
+        let reaped = child
+            .wait_for(|c| matches!(c.phase, Phase::Fenced | Phase::Stopped | Phase::Idle))
+            .await
+            .is_ok();
+        let kill_s = decided.elapsed().as_secs_f64();
+        tracing::warn!(
+            reaped,
+            ms = kill_s * 1e3,
+            "etcd killed (ownership lost); taking the final snapshot"
+        );
+        self.fence.send_modify(|f| f.last_kill_seconds = Some(kill_s));
+
+        let (give_up_tx, mut give_up_rx) = watch::channel(false);
+        let mut own = self.ownership.clone();
+        let abandon = async move {
+            loop {
+                if own.borrow_and_update().may_serve || *give_up_rx.borrow_and_update() {
+                    return;
+                }
+                tokio::select! {
+                    r = own.changed() => if r.is_err() { std::future::pending::<()>().await },
+                    r = give_up_rx.changed() => if r.is_err() { std::future::pending::<()>().await },
+                }
+            }
+        };
+        let mut stop_at: Option<tokio::time::Instant> = None;
+        let taken = {
+            let final_snapshot = fence::take_final(&self.config, &self.reaper, &self.fence, abandon);
+            tokio::pin!(final_snapshot);
+            loop {
+                tokio::select! {
+                    done = &mut final_snapshot => break done,
+                    Some(ev) = self.signals.recv() => {
+                        let Some(sig) = self.on_signal(ev) else { continue };
+                        if stop_at.is_some() {
+                            tracing::warn!(signal = %sig, "second stop signal: abandoning the final snapshot");
+                            give_up_tx.send_replace(true);
+                        } else {
+                            tracing::info!(signal = %sig, timeout_s = self.config.policy.stop_timeout.as_secs(), "stop requested: finishing the final snapshot first");
+                            self.stopping.send_replace(true);
+                            stop_at = Some(tokio::time::Instant::now() + self.config.policy.stop_timeout);
+                        }
+                    }
+                    _ = tokio::time::sleep_until(stop_at.unwrap_or_else(tokio::time::Instant::now)), if stop_at.is_some() => {
+                        tracing::error!("the final snapshot did not finish within --stop-timeout; abandoning it");
+                        give_up_tx.send_replace(true);
+                    }
+                }
+            }
+        };
+        if stop_at.is_some() {
+            return Some(self.finish().await);
+        }
+        self.fence.send_modify(|f| {
+            f.step = Some(if taken {
+                "fenced; final snapshot in the store".into()
+            } else {
+                "fenced; ownership returned before the final snapshot".into()
+            })
+        });
+        // Fenced: no etcd, no listeners. Wait for ownership (or a stop).
+        if let Some(sig) = self.wait_for_ownership().await {
+            tracing::info!(signal = %sig, "stop requested while fenced");
+            return Some(self.finish().await);
+        }
+        tracing::info!("ownership is back: validating the data dir and starting etcd");
+        self.fence.send_modify(|f| {
+            f.fenced_since = None;
+            f.step = None;
+        });
+        None
+    }
 }

@@ -7,6 +7,8 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::etcd::Health;
+use crate::ownership::OwnershipStatus;
+use crate::ownership::fence::FenceStatus;
 use crate::pid1::{InitRole, Reaper};
 use crate::snapshot::backup::BackupStatus;
 use crate::supervisor::{ChildState, Phase};
@@ -23,6 +25,8 @@ pub struct Shared {
     pub shutting_down: watch::Receiver<bool>,
     /// What the start-up validation or restore is doing; `None` once etcd may start.
     pub restoring: watch::Receiver<Option<String>>,
+    pub ownership: watch::Receiver<OwnershipStatus>,
+    pub fence: watch::Receiver<FenceStatus>,
     pub reaper: Reaper,
     pub role: InitRole,
     pub started_at: SystemTime,
@@ -33,18 +37,36 @@ pub struct Shared {
 
 impl Shared {
     pub fn readiness(&self) -> Result<(), String> {
-        crate::readiness::evaluate(
-            &self.child.borrow(),
-            &self.health.borrow(),
-            *self.shutting_down.borrow(),
-            self.restoring.borrow().as_deref(),
-        )
+        crate::readiness::evaluate(&self.child.borrow(), &self.health.borrow(), self.gate())
+    }
+
+    /// What holds etcd back regardless of its health, most decisive first.
+    fn gate(&self) -> Option<String> {
+        if *self.shutting_down.borrow() {
+            return Some("etcd-warden is shutting down".to_owned());
+        }
+        if let Some(r) = self.fence.borrow().not_ready_reason() {
+            return Some(r);
+        }
+        if let Some(r) = self.ownership.borrow().not_ready_reason() {
+            return Some(r);
+        }
+        self.restoring
+            .borrow()
+            .as_ref()
+            .map(|what| format!("restoring: {what}"))
     }
 
     /// The warden's phase as operators read it (status line, /status).
     pub fn phase(&self) -> &'static str {
         if *self.shutting_down.borrow() && self.child.borrow().phase != Phase::Stopped {
             return "stopping";
+        }
+        if self.fence.borrow().fenced_since.is_some() {
+            return "fenced";
+        }
+        if !self.ownership.borrow().may_serve {
+            return "not-owner";
         }
         if self.restoring.borrow().is_some() {
             return "restoring";
@@ -56,6 +78,7 @@ impl Shared {
             Phase::Running if child.restarts == 0 => "starting",
             Phase::Running | Phase::Backoff => "restarting",
             Phase::Stopping => "stopping",
+            Phase::Fencing | Phase::Fenced => "fenced",
             Phase::Stopped => "stopped",
         }
     }
@@ -87,6 +110,14 @@ impl Shared {
         v
     }
 
+    fn ownership_json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(&*self.ownership.borrow()).unwrap_or_default();
+        let fence = self.fence.borrow().clone();
+        v["fenced_since"] = json!(fence.fenced_since.map(to_unix));
+        v["fence"] = serde_json::to_value(&fence).unwrap_or_default();
+        v
+    }
+
     /// `/status` as JSON.
     pub fn status_json(&self) -> serde_json::Value {
         let child = self.child.borrow().clone();
@@ -112,7 +143,7 @@ impl Shared {
                 "leader": health.leader,
                 "checked_at": health.checked_at.map(to_unix),
             },
-            "ownership": { "state": "not_configured", "checked_at": null },
+            "ownership": self.ownership_json(),
             "backup": self.backup_json(),
             "restore": { "in_progress": self.restoring.borrow().is_some(), "step": self.restoring.borrow().clone() },
             "warden": {

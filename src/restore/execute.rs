@@ -244,9 +244,15 @@ async fn attempt(
         .arg(&data)
         .arg("--name")
         .arg(&opts.name);
-    if let Some(c) = &opts.initial_cluster {
-        cmd.arg("--initial-cluster").arg(c);
-    }
+    // etcdutl's own default names the member "default"; derive it from --name instead, as documented.
+    let cluster = opts.initial_cluster.clone().unwrap_or_else(|| {
+        let peer = opts
+            .initial_advertise_peer_urls
+            .as_deref()
+            .unwrap_or("http://localhost:2380");
+        format!("{}={peer}", opts.name)
+    });
+    cmd.arg("--initial-cluster").arg(cluster);
     if let Some(p) = &opts.initial_advertise_peer_urls {
         cmd.arg("--initial-advertise-peer-urls").arg(p);
     }
@@ -277,6 +283,7 @@ async fn attempt(
         &data,
         &opts.name,
         &work.join("private-etcd.log"),
+        true,
     )
     .await?;
     let result = apply_deltas(store, &private, cand, &opts.progress).await;
@@ -606,12 +613,16 @@ fn free_port() -> Result<u16, String> {
 }
 
 impl PrivateEtcd {
+    /// Starts etcd on `data` with client and peer listeners on loopback ports nobody else is told.
+    /// `scratch`: the dir is a restore's work dir, so fsync may be skipped (3.5+) and done once
+    /// before the swap; on a real data dir every write is synced as usual.
     pub(crate) async fn start(
         reaper: &Reaper,
         etcd: &Path,
         data: &Path,
         name: &str,
         log_path: &Path,
+        scratch: bool,
     ) -> Result<Self, String> {
         let log_path = log_path.to_owned();
         let log =
@@ -621,7 +632,12 @@ impl PrivateEtcd {
         let (_, version, _) = run_to_completion(reaper, Command::new(etcd).arg("--version"))
             .await
             .map_err(|e| format!("run {} --version: {e}", etcd.display()))?;
-        let mut cmd = Command::new(etcd);
+        // Own process group, parent-death signal, no warden variables: like the supervised etcd.
+        let mut cmd = crate::supervisor::Launch {
+            program: etcd.to_owned(),
+            args: Vec::new(),
+        }
+        .command();
         cmd.arg("--name")
             .arg(name)
             .arg("--data-dir")
@@ -636,10 +652,9 @@ impl PrivateEtcd {
             .arg("error")
             .arg("--quota-backend-bytes")
             .arg((8u64 << 30).to_string())
-            .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(log);
-        if !version.contains("etcd Version: 3.4") {
+        if scratch && !version.contains("etcd Version: 3.4") {
             // 3.5+: skip fsync while replaying; the warden syncs the files once before the swap.
             cmd.arg("--unsafe-no-fsync");
         }

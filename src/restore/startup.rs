@@ -139,7 +139,7 @@ pub async fn prepare(
         let log = std::env::temp_dir().join(format!("etcd-warden-validate-{}.log", std::process::id()));
         let check = async {
             let private =
-                PrivateEtcd::start(reaper, &cfg.launch.program, &data, &cfg.etcd.name, &log).await?;
+                PrivateEtcd::start(reaper, &cfg.launch.program, &data, &cfg.etcd.name, &log, false).await?;
             let rev = async {
                 let mut c = private.client().await?;
                 let r = c

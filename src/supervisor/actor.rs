@@ -21,6 +21,10 @@ use crate::telemetry::Heartbeat;
 /// What the rest of the warden may ask of the etcd child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Request {
+    /// Start etcd: the first time, or again after a fence.
+    Start,
+    /// Ownership lost: SIGKILL etcd's process group now and keep it down.
+    Fence,
     /// Graceful stop (a second one escalates to SIGKILL).
     Stop,
     /// Pass a signal on to etcd.
@@ -87,10 +91,11 @@ impl Supervisor {
         }
     }
 
-    /// Supervises etcd until a stop request ends it; returns etcd's last exit status.
+    /// Supervises etcd until a stop request ends it; returns etcd's last exit status. Nothing is
+    /// started before the first [`Request::Start`].
     pub async fn run(mut self, mut requests: mpsc::Receiver<Request>) -> ExitStatus {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let mut event = Some(Event::Start);
+        let mut event = None;
         loop {
             if let Some(ev) = event.take()
                 && let Some(status) = self.step(ev)
@@ -107,6 +112,8 @@ impl Supervisor {
                 biased;
                 status = exit => Some(Event::Exited(status.unwrap_or(ExitStatus::Code(-1)))),
                 Some(req) = requests.recv() => match req {
+                    Request::Start => Some(Event::Start),
+                    Request::Fence => Some(Event::Fence),
                     Request::Stop => Some(Event::Stop),
                     Request::Forward(sig) => {
                         self.signal_child(sig, false);

@@ -35,6 +35,10 @@ pub enum Phase {
     Backoff,
     /// Graceful stop under way: SIGTERM sent, SIGKILL at the deadline.
     Stopping,
+    /// Ownership lost: SIGKILL sent to the group, waiting for the exit. No restart follows.
+    Fencing,
+    /// Parked after a fence: no etcd runs until `Start` (ownership back).
+    Fenced,
     /// Stopped for good; the warden exits with `status`.
     Stopped,
 }
@@ -46,6 +50,8 @@ impl Phase {
             Self::Running => "running",
             Self::Backoff => "backoff",
             Self::Stopping => "stopping",
+            Self::Fencing => "fencing",
+            Self::Fenced => "fenced",
             Self::Stopped => "stopped",
         }
     }
@@ -53,8 +59,10 @@ impl Phase {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
-    /// Begin supervising.
+    /// Start etcd (first start, or after a fence).
     Start,
+    /// Ownership lost: SIGKILL etcd's group now, no grace, and do not restart it.
+    Fence,
     /// The spawn attempt failed (exec error); treated like an immediate exit.
     SpawnFailed,
     /// The running child exited.
@@ -139,7 +147,11 @@ impl Machine {
     pub fn handle(&mut self, event: Event, now: Instant) -> Vec<Action> {
         use Phase::*;
         match (self.phase, event) {
-            (Idle, Event::Start) | (Backoff, Event::RestartDue) => {
+            (Idle | Fenced, Event::Start) | (Backoff, Event::RestartDue) => {
+                if self.phase == Fenced {
+                    // A new term: the crash-loop history of the last one does not carry over.
+                    self.failures = 0;
+                }
                 self.phase = Running;
                 self.running_since = Some(now);
                 self.current_backoff = None;
@@ -163,6 +175,36 @@ impl Machine {
                 self.last_exit = Some(status);
                 self.phase = Stopped;
                 vec![Action::Exit(status)]
+            }
+            (Running, Event::Fence) => {
+                self.phase = Fencing;
+                vec![Action::Kill]
+            }
+            (Stopping, Event::Fence) if !self.kill_sent => {
+                self.kill_sent = true;
+                vec![Action::Kill]
+            }
+            (Backoff, Event::Fence) => {
+                self.phase = Fenced;
+                self.current_backoff = None;
+                vec![]
+            }
+            (Fencing, Event::Exited(status)) => {
+                self.last_exit = Some(status);
+                self.running_since = None;
+                self.phase = Fenced;
+                vec![]
+            }
+            (Fencing, Event::Stop) => {
+                // Already killed: just wait for the exit, then leave.
+                self.phase = Stopping;
+                self.kill_sent = true;
+                vec![]
+            }
+            (Fenced, Event::Stop) => {
+                // etcd was killed on purpose, not crashed: a clean exit.
+                self.phase = Stopped;
+                vec![Action::Exit(ExitStatus::Code(0))]
             }
             (Stopping, Event::SpawnFailed) | (Backoff, Event::Stop) | (Idle, Event::Stop) => {
                 self.phase = Stopped;
@@ -314,6 +356,96 @@ mod tests {
             vec![Action::Exit(ExitStatus::Code(2))]
         );
         assert_eq!(m.handle(Event::RestartDue, now), vec![], "no spawn after stop");
+    }
+
+    #[test]
+    fn fence_kills_at_once_and_parks_until_start() {
+        let mut m = Machine::new(policy(), 1);
+        let now = Instant::now();
+        m.handle(Event::Start, now);
+        assert_eq!(
+            m.handle(Event::Fence, now),
+            vec![Action::Kill],
+            "no SIGTERM, no grace"
+        );
+        assert_eq!(m.phase(), Phase::Fencing);
+        assert_eq!(m.handle(Event::Fence, now), vec![], "one kill");
+        assert_eq!(m.handle(Event::Exited(ExitStatus::Signal(9)), now), vec![]);
+        assert_eq!(m.phase(), Phase::Fenced);
+        assert_eq!(
+            m.handle(Event::RestartDue, now),
+            vec![],
+            "a fenced etcd is not restarted"
+        );
+        assert_eq!(m.handle(Event::KillDue, now), vec![]);
+        assert_eq!(m.restarts(), 0, "a fence is not a restart");
+        assert_eq!(m.handle(Event::Start, now), vec![Action::Spawn]);
+        assert_eq!(m.phase(), Phase::Running);
+    }
+
+    #[test]
+    fn fence_during_backoff_cancels_the_restart() {
+        let mut m = Machine::new(policy(), 1);
+        let now = Instant::now();
+        m.handle(Event::Start, now);
+        m.handle(Event::Exited(ExitStatus::Code(1)), now);
+        assert_eq!(m.handle(Event::Fence, now), vec![]);
+        assert_eq!(m.phase(), Phase::Fenced);
+        assert_eq!(m.handle(Event::RestartDue, now), vec![]);
+    }
+
+    #[test]
+    fn fence_during_a_graceful_stop_kills_now() {
+        let mut m = Machine::new(policy(), 1);
+        let now = Instant::now();
+        m.handle(Event::Start, now);
+        m.handle(Event::Stop, now);
+        assert_eq!(m.handle(Event::Fence, now), vec![Action::Kill]);
+        assert_eq!(m.handle(Event::KillDue, now), vec![]);
+        assert_eq!(
+            m.handle(Event::Exited(ExitStatus::Signal(9)), now),
+            vec![Action::Exit(ExitStatus::Signal(9))]
+        );
+    }
+
+    #[test]
+    fn stop_while_fencing_or_fenced_exits() {
+        let mut m = Machine::new(policy(), 1);
+        let now = Instant::now();
+        m.handle(Event::Start, now);
+        m.handle(Event::Fence, now);
+        assert_eq!(
+            m.handle(Event::Stop, now),
+            vec![],
+            "the kill is already under way"
+        );
+        assert_eq!(
+            m.handle(Event::Exited(ExitStatus::Signal(9)), now),
+            vec![Action::Exit(ExitStatus::Signal(9))]
+        );
+        let mut m = Machine::new(policy(), 1);
+        m.handle(Event::Start, now);
+        m.handle(Event::Fence, now);
+        m.handle(Event::Exited(ExitStatus::Signal(9)), now);
+        assert_eq!(
+            m.handle(Event::Stop, now),
+            vec![Action::Exit(ExitStatus::Code(0))]
+        );
+        assert_eq!(m.handle(Event::Start, now), vec![], "no start after stop");
+    }
+
+    #[test]
+    fn idle_waits_for_start() {
+        let mut m = Machine::new(policy(), 1);
+        let now = Instant::now();
+        assert_eq!(
+            m.handle(Event::Fence, now),
+            vec![],
+            "nothing to kill before the first start"
+        );
+        assert_eq!(m.phase(), Phase::Idle);
+        assert_eq!(m.handle(Event::RestartDue, now), vec![]);
+        assert_eq!(m.handle(Event::Start, now), vec![Action::Spawn]);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub mod dns;
 pub mod stores;
 
 pub const WARDEN: &str = env!("CARGO_BIN_EXE_etcd-warden");

@@ -1,0 +1,439 @@
+//! Rule 2 against a real etcd and a real DNS server on loopback: ownership lost → 503 and etcd
+//! SIGKILLed within one check interval, the public client port refuses, a final snapshot holds every
+//! acknowledged write; a store that is down never delays the kill; DNS timeouts and errors never
+//! kill; a host that was never the owner never serves; ownership back → ready with all data.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::dns::{Answer, DnsServer};
+use common::stores::*;
+use common::*;
+use nix::sys::signal::Signal;
+
+const START: Duration = Duration::from_secs(30);
+const OWNER: &str = "_etcd-owner.cluster.test";
+
+fn argv(etcd: &Path, ip: &str, data: &Path) -> Vec<String> {
+    let mut v = vec![etcd.display().to_string()];
+    v.extend(etcd_args(ip, data));
+    v
+}
+
+fn owner_opts<'a>(dns: &'a DnsServer, interval: &'a str) -> Vec<&'a str> {
+    vec![
+        "--owner-name",
+        OWNER,
+        "--owner-id",
+        "host-a",
+        "--owner-check-interval",
+        interval,
+        "--owner-check-timeout",
+        "100ms",
+        "--owner-check-resolver",
+        dns.addr.as_str(),
+    ]
+}
+
+fn port_refuses(ip: &str) -> bool {
+    TcpStream::connect_timeout(&format!("{ip}:2379").parse().unwrap(), Duration::from_millis(500)).is_err()
+}
+
+/// Writes k000000, k000001, … until a write fails; returns the keys etcd acknowledged.
+fn writer(ip: &str, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<String>> {
+    let ip = ip.to_owned();
+    std::thread::spawn(move || {
+        rt().block_on(async move {
+            let opts = etcd_client::ConnectOptions::new()
+                .with_timeout(Duration::from_secs(2))
+                .with_connect_timeout(Duration::from_secs(2));
+            let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], Some(opts))
+                .await
+                .expect("connect the writer");
+            let mut acked = Vec::new();
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let k = format!("k{n:06}");
+                match c.put(k.as_str(), format!("value-{n}"), None).await {
+                    Ok(_) => acked.push(k),
+                    Err(_) => break,
+                }
+                n += 1;
+            }
+            acked
+        })
+    })
+}
+
+/// Restores the newest chain of `store` into a fresh dir, starts etcd on it, returns every key.
+fn keys_in_restored(etcd: &Path, store: &str) -> (Vec<String>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("restored");
+    let out = Command::new(WARDEN)
+        .args(["restore", "--store", store, "--data-dir"])
+        .arg(&data)
+        .args(["--name", "m1", "--etcd"])
+        .arg(etcd)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "restore failed: {log}");
+    let ip = unique_ip();
+    let plain = PlainEtcd::start(etcd, &ip, &data, "m1");
+    let keys = etcdctl(&etcdctl_for(etcd), &ip, &["get", "k", "--prefix", "--keys-only"]).unwrap();
+    plain.stop();
+    (
+        keys.lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        log,
+    )
+}
+
+#[test]
+fn ownership_flip_under_writes_kills_at_once_final_snapshot_holds_every_acknowledged_write() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dns = DnsServer::start(&ip);
+    dns.set_owner(OWNER, "host-a");
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let mut opts = owner_opts(&dns, "200ms");
+    opts.extend(["--store", store.as_str(), "--delta-snapshot-period", "200ms"]);
+    let w = Warden::start(&ip, &opts, &argv(&etcd, &ip, &dir.path().join("data")));
+    w.wait_ready(START);
+    let s = w.status();
+    assert_eq!(s["ownership"]["state"], "owner", "{s}");
+    let etcd_pid = w.etcd_pid().expect("etcd runs");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = writer(&ip, stop.clone());
+    wait_for("writes to flow", START, || {
+        (etcd_revision(&etcdctl_for(&etcd), &ip) > 200).then_some(())
+    });
+
+    let flipped = dns.set_owner(OWNER, "host-b");
+    wait_for("etcd to be SIGKILLed", Duration::from_secs(5), || {
+        (!alive(etcd_pid)).then_some(())
+    });
+    let killed_after = flipped.elapsed();
+    assert!(
+        killed_after < Duration::from_millis(1500),
+        "etcd died {killed_after:?} after the flip (interval 200ms)"
+    );
+    let (code, body) = w.get("/readyz").unwrap();
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("owner"), "{body}");
+    assert!(
+        port_refuses(&ip),
+        "the public client port still accepts connections"
+    );
+    stop.store(true, Ordering::SeqCst);
+    let acked = writes.join().unwrap();
+    assert!(acked.len() > 200, "only {} writes acknowledged", acked.len());
+
+    let s = wait_for("the final snapshot", START, || {
+        let s = w.status();
+        (s["ownership"]["fence"]["final_snapshots_total"] == 1).then_some(s)
+    });
+    assert_eq!(s["phase"], "fenced", "{s}");
+    assert!(s["ownership"]["fenced_since"].is_number(), "{s}");
+    assert_eq!(s["ownership"]["state"], "not-owner", "{s}");
+    assert_eq!(s["ownership"]["owner_seen"], "host-b", "{s}");
+    assert!(
+        s["etcd"]["pid"].is_null(),
+        "etcd must stay down while fenced: {s}"
+    );
+    let final_key = s["ownership"]["fence"]["last_final"]["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(final_key.ends_with("-final.ews"), "{final_key}");
+    assert!(
+        port_refuses(&ip),
+        "fenced, but the public client port accepts connections"
+    );
+    let (_, metrics) = w.get("/metrics").unwrap();
+    for line in [
+        "etcd_warden_fence_kills_total 1",
+        "etcd_warden_final_snapshots_total 1",
+        "etcd_warden_fenced 1",
+        "etcd_warden_ownership_may_serve 0",
+    ] {
+        assert!(metrics.contains(line), "missing {line:?} in\n{metrics}");
+    }
+
+    // Every acknowledged write is in the final snapshot.
+    let (keys, log) = keys_in_restored(&etcd, &store);
+    let missing: Vec<_> = acked.iter().filter(|k| keys.binary_search(k).is_err()).collect();
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged writes missing from the final snapshot, e.g. {:?}\n{log}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    assert!(
+        log.contains(&final_key),
+        "the restore did not use the final snapshot {final_key}: {log}"
+    );
+
+    // Ownership back: ready again with all data, on the public port.
+    dns.set_owner(OWNER, "host-a");
+    w.wait_ready(START);
+    let s = w.status();
+    assert!(s["ownership"]["fenced_since"].is_null(), "{s}");
+    let count = etcdctl(
+        &etcdctl_for(&etcd),
+        &ip,
+        &["get", "k", "--prefix", "--count-only", "-w", "fields"],
+    )
+    .unwrap();
+    assert!(
+        count.contains(&format!("\"Count\" : {}", keys.len())),
+        "after ownership returned, etcd holds a different number of keys than the final snapshot ({}): {count}",
+        keys.len()
+    );
+}
+
+#[test]
+fn store_down_at_the_flip_never_delays_the_kill_and_the_final_snapshot_follows_the_store() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dns = DnsServer::start(&ip);
+    dns.set_owner(OWNER, "host-a");
+    let moto = moto(&ip, 5000);
+    create_bucket(&moto.addr, "backups");
+    let mut proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = owner_opts(&dns, "200ms");
+    opts.extend(["--store", "s3://backups/etcd", "--delta-snapshot-period", "200ms"]);
+    let w = Warden::builder(&ip, &opts, &argv(&etcd, &ip, &dir.path().join("data")))
+        .envs(&s3_env(&format!("http://{ip}:5001")))
+        .spawn();
+    w.wait_ready(START);
+    wait_for("the first full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    etcdctl(&etcdctl_for(&etcd), &ip, &["put", "before-the-flip", "1"]).unwrap();
+    let etcd_pid = w.etcd_pid().unwrap();
+
+    proxy.cut();
+    let flipped = dns.set_owner(OWNER, "host-b");
+    wait_for(
+        "etcd to be SIGKILLed while the store is down",
+        Duration::from_secs(5),
+        || (!alive(etcd_pid)).then_some(()),
+    );
+    assert!(
+        flipped.elapsed() < Duration::from_millis(1500),
+        "kill took {:?}",
+        flipped.elapsed()
+    );
+    assert!(port_refuses(&ip));
+    let s = wait_for("a failed final snapshot attempt", START, || {
+        let s = w.status();
+        (s["ownership"]["fence"]["final_snapshot_failures_total"].as_u64() >= Some(1)).then_some(s)
+    });
+    assert_eq!(s["ownership"]["fence"]["final_snapshots_total"], 0, "{s}");
+    assert_eq!(w.get("/readyz").unwrap().0, 503);
+
+    proxy.restore();
+    let s = wait_for(
+        "the final snapshot once the store is back",
+        Duration::from_secs(90),
+        || {
+            let s = w.status();
+            (s["ownership"]["fence"]["final_snapshots_total"] == 1).then_some(s)
+        },
+    );
+    assert!(s["etcd"]["pid"].is_null(), "{s}");
+    assert!(
+        port_refuses(&ip),
+        "etcd must stay fenced after the final snapshot"
+    );
+    let (keys, _) = keys_in_restored_s3(&etcd, &ip);
+    assert!(keys.iter().any(|k| k == "before-the-flip"), "{keys:?}");
+}
+
+fn keys_in_restored_s3(etcd: &Path, ip: &str) -> (Vec<String>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("restored");
+    let out = Command::new(WARDEN)
+        .args(["restore", "--store", "s3://backups/etcd", "--data-dir"])
+        .arg(&data)
+        .args(["--name", "m1", "--etcd"])
+        .arg(etcd)
+        .envs(s3_env(&format!("http://{ip}:5001")))
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "restore failed: {log}");
+    let rip = unique_ip();
+    let plain = PlainEtcd::start(etcd, &rip, &data, "m1");
+    let keys = etcdctl(&etcdctl_for(etcd), &rip, &["get", "", "--prefix", "--keys-only"]).unwrap();
+    plain.stop();
+    (
+        keys.lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect(),
+        log,
+    )
+}
+
+#[test]
+fn dns_timeouts_and_errors_never_kill_a_confirmed_owner() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dns = DnsServer::start(&ip);
+    dns.set_owner(OWNER, "host-a");
+    let dir = tempfile::tempdir().unwrap();
+    let (w, _) = {
+        let opts = owner_opts(&dns, "200ms");
+        let store = format!("file://{}", dir.path().join("store").display());
+        let mut o = opts.clone();
+        o.extend(["--store", store.as_str()]);
+        let w = Warden::start(&ip, &o, &argv(&etcd, &ip, &dir.path().join("data")));
+        w.wait_ready(START);
+        (w, store)
+    };
+    let etcd_pid = w.etcd_pid().unwrap();
+    for (what, change) in [
+        ("timeouts", Answer::Silence),
+        ("SERVFAIL", Answer::ServFail),
+        ("NXDOMAIN", Answer::Txt(Vec::new())),
+        (
+            "disagreeing records",
+            Answer::Txt(vec!["host-a".into(), "host-b".into()]),
+        ),
+    ] {
+        let before = w.status()["ownership"]["checks_unknown_total"].as_u64().unwrap();
+        if what == "NXDOMAIN" {
+            dns.remove(OWNER);
+        } else {
+            dns.set(OWNER, change);
+        }
+        // Watch readiness on every poll until three "unknown" checks have come and gone.
+        wait_for(&format!("three checks answered by {what}"), START, || {
+            let (code, body) = w.get("/readyz").unwrap();
+            assert_eq!(code, 200, "{what} made a confirmed owner unready: {body}");
+            assert!(alive(etcd_pid), "{what} killed etcd");
+            let s = w.status();
+            (s["ownership"]["checks_unknown_total"].as_u64().unwrap() >= before + 3).then_some(())
+        });
+        let s = w.status();
+        assert_eq!(s["ownership"]["state"], "unknown", "{what}: {s}");
+        assert_eq!(s["ownership"]["may_serve"], true, "{what}: {s}");
+    }
+    let (_, metrics) = w.get("/metrics").unwrap();
+    assert!(
+        metrics.contains("etcd_warden_ownership_checks_total{result=\"unknown\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("etcd_warden_fence_kills_total 0"), "{metrics}");
+    assert!(
+        w.log_text().contains("ownership check failed"),
+        "unknown answers must be logged"
+    );
+    dns.set_owner(OWNER, "host-a");
+    wait_for("the owner answer again", START, || {
+        (w.status()["ownership"]["state"] == "owner").then_some(())
+    });
+    assert_eq!(w.etcd_pid(), Some(etcd_pid), "etcd was restarted");
+}
+
+#[test]
+fn never_the_owner_never_serves_and_sighup_rechecks() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dns = DnsServer::start(&ip);
+    dns.set_owner(OWNER, "host-b");
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    let store = format!("file://{}", store_dir.display());
+    // An hour between checks: every check after the first comes from SIGHUP.
+    let mut opts = owner_opts(&dns, "1h");
+    opts.extend(["--store", store.as_str()]);
+    let w = Warden::start(&ip, &opts, &argv(&etcd, &ip, &dir.path().join("data")));
+    wait_for("the first check", START, || {
+        let (_, body) = w.get("/status")?;
+        let s: serde_json::Value = serde_json::from_str(&body).ok()?;
+        (s["ownership"]["checks_not_owner_total"] == 1).then_some(())
+    });
+    for n in 2..=3 {
+        w.signal(Signal::SIGHUP);
+        wait_for(&format!("check {n} after SIGHUP"), START, || {
+            (w.status()["ownership"]["checks_not_owner_total"] == n).then_some(())
+        });
+    }
+    let s = w.status();
+    assert_eq!(s["phase"], "not-owner", "{s}");
+    assert!(
+        s["etcd"]["pid"].is_null() && s["etcd"]["incarnation"] == 0,
+        "etcd was started: {s}"
+    );
+    assert_eq!(s["ownership"]["fence"]["kills_total"], 0, "{s}");
+    let (code, body) = w.get("/readyz").unwrap();
+    assert_eq!(code, 503);
+    assert!(body.contains("not owner"), "{body}");
+    assert!(port_refuses(&ip));
+    let objects = walk(&store_dir);
+    assert!(
+        objects.iter().all(|p| !p.contains("final")),
+        "a final snapshot from a host that never served: {objects:?}"
+    );
+
+    dns.set_owner(OWNER, "host-a");
+    w.signal(Signal::SIGHUP);
+    w.wait_ready(START);
+    etcdctl(&etcdctl_for(&etcd), &ip, &["put", "served", "1"])
+        .expect("etcd serves once ownership is confirmed");
+}
+
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p.display().to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn stop_while_fenced_exits_cleanly_without_starting_etcd() {
+    let etcd = etcd34();
+    let ip = unique_ip();
+    let dns = DnsServer::start(&ip);
+    dns.set_owner(OWNER, "host-a");
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let mut opts = owner_opts(&dns, "200ms");
+    opts.extend(["--store", store.as_str()]);
+    let mut w = Warden::start(&ip, &opts, &argv(&etcd, &ip, &dir.path().join("data")));
+    w.wait_ready(START);
+    etcdctl(&etcdctl_for(&etcd), &ip, &["put", "k-on-3.4", "1"]).unwrap();
+    dns.set_owner(OWNER, "host-b");
+    wait_for("the final snapshot on 3.4", START, || {
+        (w.status()["ownership"]["fence"]["final_snapshots_total"] == 1).then_some(())
+    });
+    let started = Instant::now();
+    w.signal(Signal::SIGTERM);
+    assert_eq!(w.wait_exit(Duration::from_secs(10)), 0, "{}", w.log_text());
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let (keys, _) = keys_in_restored(&etcd, &store);
+    assert_eq!(keys, vec!["k-on-3.4".to_owned()]);
+}
