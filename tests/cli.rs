@@ -175,6 +175,80 @@ fn bad_input_exits_64_with_one_line_and_touches_nothing() {
             env: vec![],
             want: "TLS file \"/nonexistent/ca.pem\"",
         },
+        Case {
+            name: "owner name without id",
+            args: with(&["--owner-name", "_owner.example.com"], &[]),
+            env: vec![],
+            want: "--owner-id: missing",
+        },
+        Case {
+            name: "owner id without name (env)",
+            args: with(&[], &[]),
+            env: vec![("ETCD_WARDEN_OWNER_ID", "host-a".into())],
+            want: "--owner-name: missing",
+        },
+        Case {
+            name: "owner check option without the check",
+            args: with(&["--owner-check-interval", "5s"], &[]),
+            env: vec![],
+            want: "--owner-check-interval: needs --owner-name and --owner-id",
+        },
+        Case {
+            name: "owner name not a DNS name",
+            args: with(&["--owner-name", "no spaces.example", "--owner-id", "a"], &[]),
+            env: vec![],
+            want: "is not a DNS name",
+        },
+        Case {
+            name: "owner resolver not IP:PORT",
+            args: with(
+                &[
+                    "--owner-name",
+                    "o.example",
+                    "--owner-id",
+                    "a",
+                    "--owner-check-resolver",
+                    "dns.example:53",
+                ],
+                &[],
+            ),
+            env: vec![],
+            want: "--owner-check-resolver: \"dns.example:53\" is not IP:PORT",
+        },
+        Case {
+            name: "owner timeout longer than the interval",
+            args: with(
+                &[
+                    "--owner-name",
+                    "o.example",
+                    "--owner-id",
+                    "a",
+                    "--owner-check-interval",
+                    "1s",
+                    "--owner-check-timeout",
+                    "2s",
+                ],
+                &[],
+            ),
+            env: vec![],
+            want: "not longer than the interval",
+        },
+        Case {
+            name: "owner interval not a duration",
+            args: with(
+                &[
+                    "--owner-name",
+                    "o.example",
+                    "--owner-id",
+                    "a",
+                    "--owner-check-interval",
+                    "often",
+                ],
+                &[],
+            ),
+            env: vec![],
+            want: "--owner-check-interval \"often\"",
+        },
     ];
     for case in cases {
         let mut cmd = Command::new(WARDEN);

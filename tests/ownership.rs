@@ -423,12 +423,18 @@ fn stop_while_fenced_exits_cleanly_without_starting_etcd() {
     let store = format!("file://{}", dir.path().join("store").display());
     let mut opts = owner_opts(&dns, "200ms");
     opts.extend(["--store", store.as_str()]);
-    let mut w = Warden::start(&ip, &opts, &argv(&etcd, &ip, &dir.path().join("data")));
+    let notify = NotifySocket::bind(dir.path());
+    let mut w = Warden::builder(&ip, &opts, &argv(&etcd, &ip, &dir.path().join("data")))
+        .env("NOTIFY_SOCKET", notify.path.to_str().unwrap())
+        .spawn();
     w.wait_ready(START);
     etcdctl(&etcdctl_for(&etcd), &ip, &["put", "k-on-3.4", "1"]).unwrap();
     dns.set_owner(OWNER, "host-b");
     wait_for("the final snapshot on 3.4", START, || {
         (w.status()["ownership"]["fence"]["final_snapshots_total"] == 1).then_some(())
+    });
+    wait_for("STATUS=fenced on the notify socket", START, || {
+        notify.has("STATUS=fenced").then_some(())
     });
     let started = Instant::now();
     w.signal(Signal::SIGTERM);

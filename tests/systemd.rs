@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::os::unix::net::UnixDatagram;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
@@ -15,29 +13,13 @@ fn notify_ready_status_watchdog_stopping_and_clean_etcd_env() {
     let etcd = etcd34();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
-    let sock_path = dir.path().join("notify.sock");
-    let sock = UnixDatagram::bind(&sock_path).unwrap();
-    sock.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-    let got: Arc<Mutex<Vec<String>>> = Arc::default();
-    let got2 = got.clone();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let reader = std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
-            if let Ok(n) = sock.recv(&mut buf) {
-                got2.lock()
-                    .unwrap()
-                    .push(String::from_utf8_lossy(&buf[..n]).into_owned());
-            }
-        }
-    });
-    let has = |needle: &str| got.lock().unwrap().iter().any(|m| m.contains(needle));
+    let notify = NotifySocket::bind(dir.path());
+    let has = |needle: &str| notify.has(needle);
 
     let mut argv = vec![etcd.display().to_string()];
     argv.extend(etcd_args(&ip, &dir.path().join("data")));
     let mut w = Warden::builder(&ip, &[], &argv)
-        .env("NOTIFY_SOCKET", sock_path.to_str().unwrap())
+        .env("NOTIFY_SOCKET", notify.path.to_str().unwrap())
         .env("WATCHDOG_USEC", "400000")
         .env("ETCD_WARDEN_STOP_TIMEOUT", "20s")
         .spawn();
@@ -49,15 +31,15 @@ fn notify_ready_status_watchdog_stopping_and_clean_etcd_env() {
         "READY=1 sent before /readyz is 200"
     );
     wait_for("two WATCHDOG=1 pings", Duration::from_secs(5), || {
-        (got.lock()
-            .unwrap()
+        (notify
+            .messages()
             .iter()
             .filter(|m| m.contains("WATCHDOG=1"))
             .count()
             >= 2)
             .then_some(())
     });
-    assert!(has("STATUS=running"), "{:?}", got.lock().unwrap());
+    assert!(has("STATUS=running"), "{:?}", notify.messages());
 
     let etcd_pid = w.etcd_pid().unwrap();
     let environ = std::fs::read(format!("/proc/{etcd_pid}/environ")).unwrap();
@@ -71,10 +53,10 @@ fn notify_ready_status_watchdog_stopping_and_clean_etcd_env() {
 
     w.signal(Signal::SIGTERM);
     w.wait_exit(Duration::from_secs(25));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    reader.join().unwrap();
-    assert!(has("STOPPING=1"), "{:?}", got.lock().unwrap());
-    let msgs = got.lock().unwrap();
+    wait_for("STOPPING=1 on the notify socket", Duration::from_secs(5), || {
+        has("STOPPING=1").then_some(())
+    });
+    let msgs = notify.messages();
     let ready_at = msgs.iter().position(|m| m.contains("READY=1")).unwrap();
     assert_eq!(
         msgs.iter().filter(|m| m.contains("READY=1")).count(),

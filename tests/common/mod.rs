@@ -413,3 +413,58 @@ pub fn warden_with_file_store(etcd: &Path, ip: &str, dir: &Path, extra: &[&str])
     });
     (w, store)
 }
+
+/// A systemd notify socket: collects every datagram the warden sends.
+pub struct NotifySocket {
+    pub path: PathBuf,
+    messages: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NotifySocket {
+    pub fn bind(dir: &Path) -> Self {
+        let path = dir.join("notify.sock");
+        let sock = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        let messages: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+        let stop: std::sync::Arc<std::sync::atomic::AtomicBool> = Default::default();
+        let reader = {
+            let (messages, stop) = (messages.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(n) = sock.recv(&mut buf) {
+                        messages
+                            .lock()
+                            .unwrap()
+                            .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+                    }
+                }
+            })
+        };
+        Self {
+            path,
+            messages,
+            stop,
+            reader: Some(reader),
+        }
+    }
+
+    pub fn messages(&self) -> Vec<String> {
+        self.messages.lock().unwrap().clone()
+    }
+
+    pub fn has(&self, needle: &str) -> bool {
+        self.messages().iter().any(|m| m.contains(needle))
+    }
+}
+
+impl Drop for NotifySocket {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+    }
+}
