@@ -101,14 +101,19 @@ pub async fn run(
     ));
     tracker.spawn(crate::notify::run(shared.clone(), cancel.child_token()));
     let recheck = Arc::new(Notify::new());
-    if let Some(oc) = config.ownership.clone() {
-        tracker.spawn(crate::ownership::run(
-            oc,
-            ownership_tx,
-            recheck.clone(),
-            cancel.child_token(),
-        ));
-    }
+    // The sender lives as long as the run loop reads it (a closed watch would wake it forever).
+    let _ownership_unchecked = match config.ownership.clone() {
+        Some(oc) => {
+            tracker.spawn(crate::ownership::run(
+                oc,
+                ownership_tx,
+                recheck.clone(),
+                cancel.child_token(),
+            ));
+            None
+        }
+        None => Some(ownership_tx),
+    };
     if let Some(schedule) = config.verify_schedule.clone() {
         tracker.spawn(crate::restore::drill::run(
             config.clone(),
