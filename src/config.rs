@@ -56,6 +56,40 @@ pub enum Command {
     Backups(BackupsCommand),
     /// Restore etcd's data dir from the store (offline), to the newest backup or a point in time.
     Restore(RestoreArgs),
+    /// Talk to a running warden over its admin socket (--admin-socket).
+    Ctl(CtlArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// The running warden's --admin-socket.
+    #[arg(long, env = "ETCD_WARDEN_ADMIN_SOCKET", value_name = "PATH")]
+    pub admin_socket: PathBuf,
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// Print the warden's /status (JSON).
+    Status,
+    /// Ask for a snapshot now (full = SIGUSR1, delta = SIGUSR2).
+    Snapshot {
+        #[arg(value_enum)]
+        kind: SnapshotKind,
+        /// Wait until it is in the store (a delta: until everything etcd held at the request is).
+        #[arg(long)]
+        wait: bool,
+        /// Give up waiting after this long.
+        #[arg(long, default_value = "10m", value_parser = parse_duration_arg)]
+        timeout: Duration,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SnapshotKind {
+    Full,
+    Delta,
 }
 
 #[derive(Debug, Args)]
@@ -223,6 +257,12 @@ pub struct RunOptions {
     /// Client key for the warden's etcd client [default: etcd's --key-file when --client-cert-auth]
     #[arg(long, env = "ETCD_WARDEN_ETCD_KEY", value_name = "FILE")]
     pub etcd_key: Option<PathBuf>,
+    /// Unix socket (mode 0600) for `etcd-warden ctl`: status and snapshot requests [default: off]
+    #[arg(long, env = "ETCD_WARDEN_ADMIN_SOCKET", value_name = "PATH")]
+    pub admin_socket: Option<PathBuf>,
+    /// File holding the bearer token that allows POST /snapshot/* over --listen [default: refused over TCP]
+    #[arg(long, env = "ETCD_WARDEN_ADMIN_TOKEN_FILE", value_name = "FILE")]
+    pub admin_token_file: Option<PathBuf>,
     /// DNS name whose TXT record names the host that owns the data; turns the ownership check on
     #[arg(long, env = "ETCD_WARDEN_OWNER_NAME", value_name = "NAME")]
     pub owner_name: Option<String>,
@@ -270,6 +310,8 @@ pub struct RunConfig {
     pub verify_schedule: Option<croner::Cron>,
     /// `None`: no ownership check; this host always owns the data.
     pub ownership: Option<OwnershipConfig>,
+    pub admin_socket: Option<PathBuf>,
+    pub admin_token_file: Option<PathBuf>,
 }
 
 /// Bad usage or configuration: exit 64.
@@ -331,6 +373,8 @@ impl RunOptions {
             etcd_ca: self.etcd_ca.or(file.etcd_ca),
             etcd_cert: self.etcd_cert.or(file.etcd_cert),
             etcd_key: self.etcd_key.or(file.etcd_key),
+            admin_socket: self.admin_socket.or(file.admin_socket),
+            admin_token_file: self.admin_token_file.or(file.admin_token_file),
             owner_name: self.owner_name.or(file.owner_name),
             owner_id: self.owner_id.or(file.owner_id),
             owner_check_interval: self.owner_check_interval.or(file.owner_check_interval),
@@ -422,6 +466,26 @@ impl RunConfig {
         };
 
         let ownership = ownership(&o)?;
+        if let Some(path) = &o.admin_token_file {
+            match std::fs::read_to_string(path) {
+                Ok(t) if t.trim().len() >= 16 => {}
+                Ok(_) => {
+                    return Err(ConfigError::Invalid {
+                        option: "admin-token-file",
+                        reason: format!(
+                            "{}: the token must be at least 16 characters (e.g. openssl rand -hex 32 > FILE)",
+                            path.display()
+                        ),
+                    });
+                }
+                Err(e) => {
+                    return Err(ConfigError::Invalid {
+                        option: "admin-token-file",
+                        reason: format!("{}: {e} (fix the path or its permissions)", path.display()),
+                    });
+                }
+            }
+        }
         let overrides = TlsOverrides {
             ca: o.etcd_ca,
             cert: o.etcd_cert,
@@ -543,6 +607,8 @@ impl RunConfig {
             backup,
             verify_schedule,
             ownership,
+            admin_socket: o.admin_socket,
+            admin_token_file: o.admin_token_file,
         })
     }
 }

@@ -1,15 +1,25 @@
-//! The HTTP endpoints on `--listen`. Read-only: nothing here can kill, restore or delete.
+//! The HTTP endpoints: on `--listen` (TCP) and on the admin socket (`--admin-socket`, a unix socket
+//! with mode 0600, so only its owner can connect).
 //!
-//!     GET /readyz   200 "ready" | 503 reason      (rule 1: etcd's health, never backups)
-//!     GET /livez    200 "ok"    | 503 reason      (the warden's own loops are beating)
-//!     GET /status   JSON: phase, etcd, ownership, backup, warden
-//!     GET /metrics  Prometheus text exposition
+//!     GET  /readyz          200 "ready" | 503 reason      (rule 1: etcd's health, never backups)
+//!     GET  /livez           200 "ok"    | 503 reason      (the warden's own loops are beating)
+//!     GET  /status          JSON: phase, etcd, ownership, backup, warden
+//!     GET  /metrics         Prometheus text exposition
+//!     POST /snapshot/full   request a full snapshot (as SIGUSR1)       202
+//!     POST /snapshot/delta  request a delta flush (as SIGUSR2)         202
+//!
+//! The POSTs are served on the admin socket, and over TCP only with `Authorization: Bearer <token>`
+//! matching `--admin-token-file` (401 without it, 403 with a wrong one or when no token file is
+//! configured). Nothing on any listener can kill, restore or delete.
 //!
 //! `/readyz` reads the watch channels at request time, so it turns 503 the moment the supervisor
 //! publishes that etcd exited, without waiting for the next health check.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -18,44 +28,113 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use serde_json::json;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
+use crate::snapshot::backup::BackupHandle;
 use crate::state::Shared;
+
+const PLAIN: &str = "text/plain; charset=utf-8";
 
 /// Binds `addr` (so a port clash fails the start, before etcd is spawned).
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// Serves until cancelled.
-pub async fn serve(listener: TcpListener, shared: Shared, cancel: CancellationToken) {
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = cancel.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(err) => {
-                    tracing::warn!(error = %err, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let shared = shared.clone();
-                async move { Ok::<_, Infallible>(route(&req, &shared)) }
-            });
-            if let Err(err) = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(error = %err, "http connection ended with an error");
+/// Binds the admin socket with mode 0600. A stale socket (nobody listening) is replaced; anything
+/// else at the path — a live socket, a file, a directory — is an error and is left alone.
+pub fn bind_admin(path: &Path) -> Result<UnixListener, String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err("another process is listening on it (stop it or pick another path)".into());
             }
-        });
+            std::fs::remove_file(path).map_err(|e| format!("remove the stale socket: {e}"))?;
+        }
+        Ok(_) => {
+            return Err("exists and is not a socket (the warden leaves it alone; pick another path)".into());
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.to_string()),
     }
+    let listener = UnixListener::bind(path).map_err(|e| format!("{e} (does the directory exist?)"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("chmod 0600: {e}"))?;
+    Ok(listener)
+}
+
+/// Who is asking: anyone on the network, or the owner of the admin socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Network,
+    Socket,
+}
+
+/// What the state-changing endpoints can do, and how TCP callers prove they may.
+pub struct Actions {
+    pub backup: BackupHandle,
+    /// `--admin-token-file`, read at each request (so a rotated token applies at once).
+    pub token_file: Option<PathBuf>,
+}
+
+/// Serves TCP connections until cancelled.
+pub async fn serve(listener: TcpListener, shared: Shared, actions: Arc<Actions>, cancel: CancellationToken) {
+    loop {
+        let accepted = tokio::select! {
+            _ = cancel.cancelled() => return,
+            a = listener.accept() => a.map(|(s, _)| s),
+        };
+        match accepted {
+            Ok(stream) => connection(stream, shared.clone(), actions.clone(), Access::Network),
+            Err(err) => accept_failed(err).await,
+        }
+    }
+}
+
+/// Serves the admin socket until cancelled, then removes it.
+pub async fn serve_admin(
+    listener: UnixListener,
+    path: PathBuf,
+    shared: Shared,
+    actions: Arc<Actions>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            _ = cancel.cancelled() => break,
+            a = listener.accept() => a.map(|(s, _)| s),
+        };
+        match accepted {
+            Ok(stream) => connection(stream, shared.clone(), actions.clone(), Access::Socket),
+            Err(err) => accept_failed(err).await,
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+async fn accept_failed(err: std::io::Error) {
+    tracing::warn!(error = %err, "accept failed");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+}
+
+fn connection<S>(stream: S, shared: Shared, actions: Arc<Actions>, access: Access)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        let service = service_fn(move |req| {
+            let (shared, actions) = (shared.clone(), actions.clone());
+            async move { Ok::<_, Infallible>(route(&req, &shared, &actions, access)) }
+        });
+        if let Err(err) = http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), service)
+            .await
+        {
+            tracing::debug!(error = %err, "http connection ended with an error");
+        }
+    });
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &'static str) -> Response<Full<Bytes>> {
@@ -67,10 +146,21 @@ fn text(status: StatusCode, body: impl Into<Bytes>, content_type: &'static str) 
         .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))
 }
 
-fn route(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
-    const PLAIN: &str = "text/plain; charset=utf-8";
+fn route(
+    req: &Request<Incoming>,
+    shared: &Shared,
+    actions: &Actions,
+    access: Access,
+) -> Response<Full<Bytes>> {
+    if req.method() == Method::POST {
+        return post(req, actions, access);
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return text(StatusCode::METHOD_NOT_ALLOWED, "only GET is served here\n", PLAIN);
+        return text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "only GET and POST are served here\n",
+            PLAIN,
+        );
     }
     match req.uri().path() {
         "/readyz" | "/healthz/ready" => match shared.readiness() {
@@ -95,5 +185,91 @@ fn route(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
             "not found (try /readyz, /livez, /status or /metrics)\n",
             PLAIN,
         ),
+    }
+}
+
+/// Equal-time comparison: how much of a guess matched must not show in the response time.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// `Err` with the response when a network caller may not change anything.
+fn authorize(req: &Request<Incoming>, actions: &Actions) -> Result<(), Response<Full<Bytes>>> {
+    let Some(path) = &actions.token_file else {
+        return Err(text(
+            StatusCode::FORBIDDEN,
+            "state-changing requests are not served over TCP without --admin-token-file; use the admin socket (etcd-warden ctl)\n",
+            PLAIN,
+        ));
+    };
+    let token = match std::fs::read_to_string(path) {
+        Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
+        _ => {
+            tracing::error!(path = %path.display(), "cannot read the admin token file; refusing the request");
+            return Err(text(
+                StatusCode::FORBIDDEN,
+                "the admin token file cannot be read\n",
+                PLAIN,
+            ));
+        }
+    };
+    let given = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        None => Err(Response::builder()
+            .status(StatusCode::UNAUTHORIZED)
+            .header("www-authenticate", "Bearer realm=\"etcd-warden\"")
+            .header("content-type", PLAIN)
+            .body(Full::new(Bytes::from_static(b"a bearer token is required\n")))
+            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))),
+        Some(g) if same(g.trim().as_bytes(), token.as_bytes()) => Ok(()),
+        Some(_) => Err(text(StatusCode::FORBIDDEN, "wrong token\n", PLAIN)),
+    }
+}
+
+fn post(req: &Request<Incoming>, actions: &Actions, access: Access) -> Response<Full<Bytes>> {
+    let kind = match req.uri().path() {
+        "/snapshot/full" => "full",
+        "/snapshot/delta" => "delta",
+        _ => {
+            return text(
+                StatusCode::NOT_FOUND,
+                "not found (POST /snapshot/full or /snapshot/delta)\n",
+                PLAIN,
+            );
+        }
+    };
+    if access == Access::Network
+        && let Err(refused) = authorize(req, actions)
+    {
+        tracing::warn!(
+            path = req.uri().path(),
+            status = refused.status().as_u16(),
+            "refused a state-changing request over TCP"
+        );
+        return refused;
+    }
+    let queued = match kind {
+        "full" => actions.backup.request_full(),
+        _ => actions.backup.request_delta(),
+    };
+    tracing::info!(kind, via = ?access, coalesced = !queued, "snapshot requested over HTTP");
+    let body = json!({ "requested": kind, "coalesced": !queued });
+    text(StatusCode::ACCEPTED, format!("{body}\n"), "application/json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same;
+
+    #[test]
+    fn token_comparison() {
+        assert!(same(b"s3cret", b"s3cret"));
+        assert!(!same(b"s3cret", b"s3cre"));
+        assert!(!same(b"s3cret", b"s3cres"));
+        assert!(!same(b"", b"x"));
     }
 }

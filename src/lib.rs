@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod ctl;
 pub mod etcd;
 pub mod http;
 pub mod metrics;

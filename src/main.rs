@@ -28,6 +28,7 @@ fn main() {
         }) => with_reaper(|reaper, _signals| cli::verify_deep(store, etcd, reaper)),
         Command::Backups(cmd) => one_shot(cli::backups(cmd)),
         Command::Restore(args) => restore_command(args),
+        Command::Ctl(args) => one_shot_quiet(etcd_warden::ctl::ctl(args)),
     };
     exit(code);
 }
@@ -111,7 +112,17 @@ fn run_command(args: RunArgs) -> i32 {
                 return EX_USAGE;
             }
         };
-        run::run(config, reaper, role, signals, listener)
+        let admin = match &config.admin_socket {
+            Some(path) => match http::bind_admin(path) {
+                Ok(l) => Some((l, path.clone())),
+                Err(err) => {
+                    eprintln!("etcd-warden: --admin-socket {}: {err}", path.display());
+                    return EX_USAGE;
+                }
+            },
+            None => None,
+        };
+        run::run(config, reaper, role, signals, listener, admin)
             .await
             .exit_code()
     });

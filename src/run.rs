@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::sys::signal::Signal;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -46,6 +46,7 @@ pub async fn run(
     role: InitRole,
     signals: mpsc::UnboundedReceiver<SignalEvent>,
     listener: TcpListener,
+    admin: Option<(UnixListener, std::path::PathBuf)>,
 ) -> ExitStatus {
     let cancel = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -90,7 +91,31 @@ pub async fn run(
         "etcd-warden starting"
     );
 
-    tracker.spawn(crate::http::serve(listener, shared.clone(), cancel.child_token()));
+    let (backup, backup_handle) = Backup::new(
+        config.backup.clone(),
+        backup_tx,
+        child_rx.clone(),
+        health_rx.clone(),
+    );
+    let actions = Arc::new(crate::http::Actions {
+        backup: backup_handle.clone(),
+        token_file: config.admin_token_file.clone(),
+    });
+    tracker.spawn(crate::http::serve(
+        listener,
+        shared.clone(),
+        actions.clone(),
+        cancel.child_token(),
+    ));
+    if let Some((socket, path)) = admin {
+        tracker.spawn(crate::http::serve_admin(
+            socket,
+            path,
+            shared.clone(),
+            actions,
+            cancel.child_token(),
+        ));
+    }
     tracker.spawn(crate::etcd::health::run(
         config.client.clone(),
         config.health_interval,
@@ -123,7 +148,6 @@ pub async fn run(
             cancel.child_token(),
         ));
     }
-    let (backup, backup_handle) = Backup::new(config.backup.clone(), backup_tx, child_rx.clone(), health_rx);
     let backup_task = tokio::spawn(backup.run());
 
     // One supervisor for the warden's whole life; it starts etcd only when asked.

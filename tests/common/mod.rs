@@ -404,7 +404,10 @@ pub fn warden_with_file_store(etcd: &Path, ip: &str, dir: &Path, extra: &[&str])
     let store = format!("file://{}", dir.join("store").display());
     let mut argv = vec![etcd.display().to_string()];
     argv.extend(etcd_args(ip, &dir.join("data")));
-    let mut opts = vec!["--store", store.as_str(), "--delta-snapshot-period", "200ms"];
+    let mut opts = vec!["--store", store.as_str()];
+    if !extra.contains(&"--delta-snapshot-period") {
+        opts.extend(["--delta-snapshot-period", "200ms"]);
+    }
     opts.extend_from_slice(extra);
     let w = Warden::start(ip, &opts, &argv);
     w.wait_ready(Duration::from_secs(30));

@@ -1,0 +1,117 @@
+//! `etcd-warden ctl`: the admin socket's client. `status` prints /status; `snapshot full|delta`
+//! asks for a snapshot and, with `--wait`, follows /status until it is in the store.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+
+use crate::config::{CtlArgs, CtlCommand, SnapshotKind};
+
+/// One request over the unix socket: `(status, body)`.
+pub async fn request(socket: &Path, method: Method, path: &str) -> Result<(u16, String), String> {
+    let stream = tokio::net::UnixStream::connect(socket).await.map_err(|e| {
+        format!(
+            "connect to {}: {e} (is the warden running with --admin-socket?)",
+            socket.display()
+        )
+    })?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "etcd-warden")
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+        .map_err(|e| e.to_string())?;
+    Ok((status, body))
+}
+
+async fn status(socket: &Path) -> Result<serde_json::Value, String> {
+    let (code, body) = request(socket, Method::GET, "/status").await?;
+    if code != 200 {
+        return Err(format!("/status answered {code}: {}", body.trim()));
+    }
+    serde_json::from_str(&body).map_err(|e| format!("/status is not JSON: {e}"))
+}
+
+/// Runs `ctl`; returns the exit code (0 done, 1 failed).
+pub async fn ctl(args: CtlArgs) -> i32 {
+    let socket = args.admin_socket.as_path();
+    let result = match args.command {
+        CtlCommand::Status => status(socket)
+            .await
+            .map(|s| println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default())),
+        CtlCommand::Snapshot { kind, wait, timeout } => snapshot(socket, kind, wait, timeout).await,
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("etcd-warden ctl: {e}");
+            1
+        }
+    }
+}
+
+async fn snapshot(socket: &Path, kind: SnapshotKind, wait: bool, timeout: Duration) -> Result<(), String> {
+    let before = status(socket).await?;
+    let (path, counter) = match kind {
+        SnapshotKind::Full => ("/snapshot/full", "fulls_total"),
+        SnapshotKind::Delta => ("/snapshot/delta", "deltas_total"),
+    };
+    let (code, body) = request(socket, Method::POST, path).await?;
+    if code != 202 {
+        return Err(format!("{path} answered {code}: {}", body.trim()));
+    }
+    println!("{}", body.trim());
+    if !wait {
+        return Ok(());
+    }
+    let count_before = before["backup"][counter].as_u64().unwrap_or(0);
+    let revision = before["etcd"]["revision"].as_i64().unwrap_or(0);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let s = status(socket).await?;
+        let b = &s["backup"];
+        let done = match kind {
+            SnapshotKind::Full => b[counter].as_u64().unwrap_or(0) > count_before,
+            SnapshotKind::Delta => {
+                b["backed_up_revision"].as_i64().unwrap_or(0) >= revision
+                    && b["pending_delta_events"].as_u64().unwrap_or(0) == 0
+            }
+        };
+        if done {
+            let last = match kind {
+                SnapshotKind::Full => &b["last_full"],
+                SnapshotKind::Delta => &b["last_delta"],
+            };
+            println!(
+                "stored: {} (revision {})",
+                last["key"].as_str().unwrap_or("-"),
+                b["backed_up_revision"]
+            );
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "not stored within {}; last backup error: {}",
+                humantime::format_duration(timeout),
+                b["last_error"].as_str().unwrap_or("none")
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,212 @@
+//! Operating the warden (part 5): signals as a control interface, the admin socket and `ctl`, and
+//! the refusal of state-changing requests over TCP without the bearer token.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use nix::sys::signal::Signal;
+
+const START: Duration = Duration::from_secs(30);
+
+/// One HTTP/1.0 request with extra header lines; `(status, body)`.
+fn request(addr: &str, method: &str, path: &str, headers: &[&str]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to the warden");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n");
+    for h in headers {
+        req.push_str(h);
+        req.push_str("\r\n");
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    let status = buf.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (
+        status,
+        buf.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default(),
+    )
+}
+
+fn ctl(socket: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(WARDEN)
+        .arg("ctl")
+        .arg("--admin-socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn admin_socket_ctl_and_tcp_token() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("admin.sock");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "0123456789abcdef0123456789abcdef\n").unwrap();
+    let socket_s = socket.display().to_string();
+    let token_s = token_file.display().to_string();
+    let (w, _) = warden_with_file_store(
+        &etcd,
+        &ip,
+        dir.path(),
+        &[
+            "--admin-socket",
+            &socket_s,
+            "--admin-token-file",
+            &token_s,
+            "--delta-snapshot-period",
+            "1h",
+        ],
+    );
+    let meta = std::fs::symlink_metadata(&socket).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o600,
+        "the admin socket must be 0600"
+    );
+
+    let (code, out, err) = ctl(&socket, &["status"]);
+    assert_eq!(code, 0, "{err}");
+    let s: serde_json::Value = serde_json::from_str(&out).expect("ctl status prints JSON");
+    assert_eq!(s["ready"], true, "{s}");
+
+    let fulls = s["backup"]["fulls_total"].as_u64().unwrap();
+    let (code, out, err) = ctl(&socket, &["snapshot", "full", "--wait", "--timeout", "30s"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("stored: v1/full/full-"), "{out}");
+    assert_eq!(w.status()["backup"]["fulls_total"].as_u64().unwrap(), fulls + 1);
+
+    etcdctl(&etcdctl_for(&etcd), &ip, &["put", "via-ctl", "1"]).unwrap();
+    let (code, out, err) = ctl(&socket, &["snapshot", "delta", "--wait", "--timeout", "30s"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("stored: v1/delta/"), "{out}");
+
+    // Over TCP: refused without the token, accepted with it.
+    let path = "/snapshot/full";
+    let (code, body) = request(&w.http, "POST", path, &[]);
+    assert_eq!(code, 401, "{body}");
+    let (code, body) = request(
+        &w.http,
+        "POST",
+        path,
+        &["Authorization: Bearer wrong-token-wrong-token"],
+    );
+    assert_eq!(code, 403, "{body}");
+    let fulls = w.status()["backup"]["fulls_total"].as_u64().unwrap();
+    assert_eq!(
+        request(
+            &w.http,
+            "POST",
+            path,
+            &["Authorization: Bearer 0123456789abcdef0123456789abcdef"]
+        )
+        .0,
+        202
+    );
+    wait_for(
+        "the full snapshot requested over TCP with the token",
+        START,
+        || (w.status()["backup"]["fulls_total"].as_u64().unwrap() > fulls).then_some(()),
+    );
+    for (method, path) in [
+        ("DELETE", "/snapshot/full"),
+        ("POST", "/restore"),
+        ("POST", "/kill"),
+    ] {
+        let (code, _) = request(
+            &w.http,
+            method,
+            path,
+            &["Authorization: Bearer 0123456789abcdef0123456789abcdef"],
+        );
+        assert!(code == 404 || code == 405, "{method} {path} answered {code}");
+    }
+    drop(w);
+}
+
+#[test]
+fn tcp_refuses_state_changes_without_a_token_file_and_a_foreign_path_is_never_taken() {
+    let etcd = etcd34();
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let (w, _) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);
+    let fulls = w.status()["backup"]["fulls_total"].as_u64().unwrap();
+    for headers in [&[][..], &["Authorization: Bearer anything-at-all-0000"][..]] {
+        let (code, body) = request(&w.http, "POST", "/snapshot/full", headers);
+        assert_eq!(code, 403, "{body}");
+        assert!(body.contains("admin socket"), "{body}");
+    }
+    assert_eq!(w.status()["backup"]["fulls_total"].as_u64().unwrap(), fulls);
+    drop(w);
+
+    // --admin-socket naming a regular file: exit 64, the file untouched, etcd never started.
+    let file = dir.path().join("not-a-socket");
+    std::fs::write(&file, "keep me").unwrap();
+    let out = Command::new(WARDEN)
+        .args([
+            "run",
+            "--listen",
+            &format!("{}:2378", unique_ip()),
+            "--admin-socket",
+        ])
+        .arg(&file)
+        .arg("--")
+        .arg(&etcd)
+        .arg("--data-dir")
+        .arg(dir.path().join("other-data"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a socket"));
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+    assert!(!dir.path().join("other-data").exists());
+    let (code, _, err) = ctl(&dir.path().join("nobody.sock"), &["status"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("is the warden running with --admin-socket?"),
+        "{err}"
+    );
+}
+
+#[test]
+fn sigusr2_flushes_a_delta_now() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let (w, _) = warden_with_file_store(&etcd, &ip, dir.path(), &["--delta-snapshot-period", "1h"]);
+    etcdctl(&etcdctl_for(&etcd), &ip, &["put", "flush-me", "1"]).unwrap();
+    let rev = etcd_revision(&etcdctl_for(&etcd), &ip);
+    wait_for("the put in the delta buffer", START, || {
+        (w.status()["backup"]["pending_delta_events"].as_u64() >= Some(1)).then_some(())
+    });
+    assert_eq!(w.status()["backup"]["deltas_total"], 0);
+    w.signal(Signal::SIGUSR2);
+    wait_for("a delta after SIGUSR2", START, || {
+        let s = w.status();
+        (s["backup"]["deltas_total"] == 1 && s["backup"]["backed_up_revision"].as_i64() >= Some(rev))
+            .then_some(())
+    });
+}
