@@ -193,40 +193,56 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// `Err` with the response when a network caller may not change anything.
-fn authorize(req: &Request<Incoming>, actions: &Actions) -> Result<(), Response<Full<Bytes>>> {
-    let Some(path) = &actions.token_file else {
-        return Err(text(
-            StatusCode::FORBIDDEN,
-            "state-changing requests are not served over TCP without --admin-token-file; use the admin socket (etcd-warden ctl)\n",
-            PLAIN,
-        ));
-    };
+/// Why a network caller may not change anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    NoTokenFile,
+    Unreadable,
+    Missing,
+    Wrong,
+}
+
+impl Refusal {
+    fn response(self) -> Response<Full<Bytes>> {
+        let (status, body) = match self {
+            Self::NoTokenFile => (
+                StatusCode::FORBIDDEN,
+                "state-changing requests are not served over TCP without --admin-token-file; use the admin socket (etcd-warden ctl)\n",
+            ),
+            Self::Unreadable => (StatusCode::FORBIDDEN, "the admin token file cannot be read\n"),
+            Self::Missing => (StatusCode::UNAUTHORIZED, "a bearer token is required\n"),
+            Self::Wrong => (StatusCode::FORBIDDEN, "wrong token\n"),
+        };
+        let mut resp = text(status, body, PLAIN);
+        if self == Self::Missing {
+            resp.headers_mut().insert(
+                hyper::header::WWW_AUTHENTICATE,
+                hyper::header::HeaderValue::from_static("Bearer realm=\"etcd-warden\""),
+            );
+        }
+        resp
+    }
+}
+
+fn authorize(req: &Request<Incoming>, actions: &Actions) -> Result<(), Refusal> {
+    let path = actions.token_file.as_ref().ok_or(Refusal::NoTokenFile)?;
     let token = match std::fs::read_to_string(path) {
         Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
         _ => {
             tracing::error!(path = %path.display(), "cannot read the admin token file; refusing the request");
-            return Err(text(
-                StatusCode::FORBIDDEN,
-                "the admin token file cannot be read\n",
-                PLAIN,
-            ));
+            return Err(Refusal::Unreadable);
         }
     };
     let given = req
         .headers()
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    match given {
-        None => Err(Response::builder()
-            .status(StatusCode::UNAUTHORIZED)
-            .header("www-authenticate", "Bearer realm=\"etcd-warden\"")
-            .header("content-type", PLAIN)
-            .body(Full::new(Bytes::from_static(b"a bearer token is required\n")))
-            .unwrap_or_else(|_| Response::new(Full::new(Bytes::new())))),
-        Some(g) if same(g.trim().as_bytes(), token.as_bytes()) => Ok(()),
-        Some(_) => Err(text(StatusCode::FORBIDDEN, "wrong token\n", PLAIN)),
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or(Refusal::Missing)?;
+    if same(given.trim().as_bytes(), token.as_bytes()) {
+        Ok(())
+    } else {
+        Err(Refusal::Wrong)
     }
 }
 
