@@ -263,10 +263,10 @@ fn post(req: &Request<Incoming>, actions: &Actions, access: Access) -> Response<
     {
         tracing::warn!(
             path = req.uri().path(),
-            status = refused.status().as_u16(),
+            reason = ?refused,
             "refused a state-changing request over TCP"
         );
-        return refused;
+        return refused.response();
     }
     let queued = match kind {
         "full" => actions.backup.request_full(),
