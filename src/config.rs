@@ -257,6 +257,9 @@ pub struct RunOptions {
     /// Client key for the warden's etcd client [default: etcd's --key-file when --client-cert-auth]
     #[arg(long, env = "ETCD_WARDEN_ETCD_KEY", value_name = "FILE")]
     pub etcd_key: Option<PathBuf>,
+    /// Defragment etcd on this cron schedule (UTC), between snapshots; readiness is held meanwhile [default: off]
+    #[arg(long, env = "ETCD_WARDEN_DEFRAG_SCHEDULE", value_name = "CRON")]
+    pub defrag_schedule: Option<String>,
     /// Unix socket (mode 0600) for `etcd-warden ctl`: status and snapshot requests [default: off]
     #[arg(long, env = "ETCD_WARDEN_ADMIN_SOCKET", value_name = "PATH")]
     pub admin_socket: Option<PathBuf>,
@@ -373,6 +376,7 @@ impl RunOptions {
             etcd_ca: self.etcd_ca.or(file.etcd_ca),
             etcd_cert: self.etcd_cert.or(file.etcd_cert),
             etcd_key: self.etcd_key.or(file.etcd_key),
+            defrag_schedule: self.defrag_schedule.or(file.defrag_schedule),
             admin_socket: self.admin_socket.or(file.admin_socket),
             admin_token_file: self.admin_token_file.or(file.admin_token_file),
             owner_name: self.owner_name.or(file.owner_name),
@@ -466,6 +470,15 @@ impl RunConfig {
         };
 
         let ownership = ownership(&o)?;
+        let defrag_schedule = match &o.defrag_schedule {
+            Some(v) => Some(
+                crate::snapshot::backup::parse_cron(v).map_err(|e| ConfigError::Invalid {
+                    option: "defrag-schedule",
+                    reason: format!("{v:?}: {e} (write cron fields, e.g. \"30 4 * * *\" for 04:30 daily)"),
+                })?,
+            ),
+            None => None,
+        };
         if let Some(path) = &o.admin_token_file {
             match std::fs::read_to_string(path) {
                 Ok(t) if t.trim().len() >= 16 => {}
@@ -585,6 +598,7 @@ impl RunConfig {
             delta_max_bytes,
             full_after_revisions: o.full_snapshot_after_revisions.unwrap_or(200_000).max(0),
             retention,
+            defrag_schedule,
         };
         Ok(Self {
             launch: Launch {

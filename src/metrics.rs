@@ -192,6 +192,18 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
         "Delta bytes buffered in memory, not yet uploaded.",
         vec![(Vec::new(), b.pending_delta_bytes as f64)],
     ));
+    out.push(counter(
+        "etcd_warden_defrags",
+        "Defragmentations done by --defrag-schedule.",
+        vec![(Vec::new(), b.defrags_total as f64)],
+    ));
+    if let Some(d) = &b.last_defrag {
+        out.push(gauge(
+            "etcd_warden_defrag_duration_seconds",
+            "Duration of the last defragmentation (etcd answers nothing meanwhile).",
+            vec![(Vec::new(), d.duration_seconds)],
+        ));
+    }
     let drill = shared.drill.borrow().clone();
     if let Some(t) = drill.last_success {
         out.push(gauge(

@@ -91,11 +91,13 @@ pub async fn run(
         "etcd-warden starting"
     );
 
+    let (defrag_tx, defrag_rx) = watch::channel(false);
     let (backup, backup_handle) = Backup::new(
         config.backup.clone(),
         backup_tx,
         child_rx.clone(),
         health_rx.clone(),
+        defrag_tx,
     );
     let actions = Arc::new(crate::http::Actions {
         backup: backup_handle.clone(),
@@ -121,6 +123,7 @@ pub async fn run(
         config.health_interval,
         child_rx.clone(),
         health_tx,
+        defrag_rx,
         shared.health_heartbeat.clone(),
         cancel.child_token(),
     ));

@@ -210,3 +210,67 @@ fn sigusr2_flushes_a_delta_now() {
             .then_some(())
     });
 }
+
+#[test]
+fn scheduled_defrag_under_load_keeps_readiness() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    // Health checks that give up after 100 ms would fail during a defrag of this DB.
+    let (w, _) = warden_with_file_store(
+        &etcd,
+        &ip,
+        dir.path(),
+        &[
+            "--defrag-schedule",
+            "*/3 * * * * *",
+            "--health-interval",
+            "50ms",
+            "--health-timeout",
+            "100ms",
+        ],
+    );
+    // ~150 MiB of history for the defrag to copy.
+    rt().block_on(async {
+        let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], None)
+            .await
+            .unwrap();
+        let big = "x".repeat(1 << 20);
+        for i in 0..150 {
+            c.put(format!("big{}", i % 10), big.as_str(), None).await.unwrap();
+        }
+    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, ctl, ip) = (stop.clone(), ctl.clone(), ip.clone());
+        std::thread::spawn(move || {
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                etcdctl(&ctl, &ip, &["put", &format!("w{n}"), "x"]).expect("a write during the defrags");
+                n += 1;
+            }
+            n
+        })
+    };
+    let before = w.status()["backup"]["defrags_total"].as_u64().unwrap();
+    let mut polls = 0;
+    let s = wait_for("three scheduled defrags", Duration::from_secs(40), || {
+        let (code, body) = w.get("/readyz").unwrap();
+        assert_eq!(code, 200, "readiness dropped during a defrag: {body}");
+        polls += 1;
+        let s = w.status();
+        (s["backup"]["defrags_total"].as_u64().unwrap() >= before + 3).then_some(s)
+    });
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let writes = writer.join().unwrap();
+    let d = &s["backup"]["last_defrag"];
+    eprintln!("defrag: {d}, {polls} readiness polls, {writes} writes");
+    assert!(writes > 10, "writes did not progress: {writes}");
+    assert!(
+        d["duration_seconds"].as_f64().unwrap() > 0.1,
+        "the defrag must outlast the 100 ms health timeout for this test to mean anything: {d}"
+    );
+    let (_, metrics) = w.get("/metrics").unwrap();
+    assert!(metrics.contains("etcd_warden_defrags_total"), "{metrics}");
+}

@@ -39,6 +39,7 @@ pub async fn run(
     interval: Duration,
     mut child: watch::Receiver<ChildState>,
     health: watch::Sender<Health>,
+    defragmenting: watch::Receiver<bool>,
     heartbeat: Heartbeat,
     cancel: CancellationToken,
 ) {
@@ -58,10 +59,22 @@ pub async fn run(
                     }
                 };
             }
-            let result = match client.as_mut() {
+            let defrag_before = *defragmenting.borrow();
+            let mut result = match client.as_mut() {
                 Some((_, c)) => check(c, config.timeout).await,
                 None => Err("etcd is not accepting client connections yet".to_owned()),
             };
+            // etcd answers nothing while it defragments: a check that failed during one keeps
+            // the previous verdict of this incarnation instead of calling a busy etcd unhealthy.
+            if let Err(reason) = &result
+                && (defrag_before || *defragmenting.borrow())
+            {
+                let prev = health.borrow().clone();
+                if prev.healthy && prev.incarnation == state.incarnation {
+                    tracing::debug!(reason = %reason, "health check failed during defragmentation; verdict held");
+                    result = Ok(prev);
+                }
+            }
             // Drop the result if etcd changed under us while we were asking.
             if child.borrow().incarnation == state.incarnation {
                 let previous_ok = health.borrow().healthy && health.borrow().incarnation == state.incarnation;

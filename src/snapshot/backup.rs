@@ -38,6 +38,8 @@ pub struct BackupConfig {
     /// bounds restore time (each delta revision is replayed as one transaction); 0 = never.
     pub full_after_revisions: i64,
     pub retention: Policy,
+    /// `--defrag-schedule`: defragment etcd's backend, between snapshots, never during one.
+    pub defrag_schedule: Option<croner::Cron>,
 }
 
 /// Requests to the backup loop.
@@ -110,8 +112,20 @@ pub struct BackupStatus {
     pub pending_delta_events: u64,
     pub fulls_total: u64,
     pub deltas_total: u64,
+    pub defrags_total: u64,
+    pub last_defrag: Option<DefragInfo>,
     /// Failures by kind ("full", "delta", "retention", "store") and bounded reason.
     pub failures_total: BTreeMap<String, u64>,
+}
+
+/// The last defragmentation.
+#[derive(Debug, Clone, Serialize)]
+pub struct DefragInfo {
+    #[serde(with = "crate::telemetry::opt_unix_seconds")]
+    pub at: Option<SystemTime>,
+    pub duration_seconds: f64,
+    pub db_size_before: i64,
+    pub db_size_after: i64,
 }
 
 enum Outcome {
@@ -132,6 +146,8 @@ pub struct Backup {
     control_rx: mpsc::Receiver<Control>,
     retry_delay: Duration,
     creds_mtime: Option<SystemTime>,
+    /// Raised while a defragmentation runs: the health loop holds its verdict meanwhile.
+    defragmenting: watch::Sender<bool>,
 }
 
 fn mtime(path: &std::path::Path) -> Option<SystemTime> {
@@ -147,6 +163,7 @@ impl Backup {
         status: watch::Sender<BackupStatus>,
         child: watch::Receiver<ChildState>,
         health: watch::Receiver<Health>,
+        defragmenting: watch::Sender<bool>,
     ) -> (Self, BackupHandle) {
         let (full, full_rx) = mpsc::channel(1);
         let (delta, delta_rx) = mpsc::channel(1);
@@ -162,6 +179,7 @@ impl Backup {
                 control_rx,
                 retry_delay: RETRY_MIN,
                 creds_mtime: None,
+                defragmenting,
             },
             BackupHandle { full, delta, control },
         )
@@ -378,11 +396,58 @@ impl Backup {
     }
 
     fn next_full_at(&self) -> Option<tokio::time::Instant> {
-        let cron = self.cfg.full_schedule.as_ref()?;
-        let now = chrono::Utc::now();
-        let next = cron.find_next_occurrence(&now, false).ok()?;
-        let wait = (next - now).to_std().ok()?;
-        Some(tokio::time::Instant::now() + wait)
+        next_at(self.cfg.full_schedule.as_ref()?)
+    }
+
+    /// Defragments etcd's backend. While it runs etcd answers nothing, so the health loop is told
+    /// to hold its verdict (rule 1: a single member's readiness is not a defrag's business).
+    async fn defrag(&mut self, client: &mut Client) {
+        let size = |c: &mut Client| {
+            let mut c = c.clone();
+            async move { c.status().await.map(|s| s.db_size()).unwrap_or(0) }
+        };
+        let before = size(client).await;
+        tracing::info!(db_size = before, "defragmenting etcd");
+        let started = std::time::Instant::now();
+        self.defragmenting.send_replace(true);
+        // Its own connection: the answer comes only when the defrag is done, far beyond the
+        // health timeout that bounds the shared client's requests.
+        let mut long = self.cfg.client.clone();
+        long.timeout = Duration::from_secs(1800);
+        let result = match long.connect().await {
+            Ok(mut c) => c.defragment().await.map(drop).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        self.defragmenting.send_replace(false);
+        let took = started.elapsed().as_secs_f64();
+        match result {
+            Ok(_) => {
+                let after = size(client).await;
+                tracing::info!(
+                    db_size_before = before,
+                    db_size_after = after,
+                    seconds = took,
+                    "defragmentation done"
+                );
+                self.status.send_modify(|s| {
+                    s.defrags_total += 1;
+                    s.last_defrag = Some(DefragInfo {
+                        at: Some(SystemTime::now()),
+                        duration_seconds: took,
+                        db_size_before: before,
+                        db_size_after: after,
+                    });
+                });
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "defragmentation failed");
+                self.status.send_modify(|s| {
+                    *s.failures_total.entry("defrag:etcd".into()).or_default() += 1;
+                    s.last_error = Some(format!("defrag: {err}"));
+                    s.last_error_at = Some(SystemTime::now());
+                });
+            }
+        }
     }
 
     /// One full snapshot, with status, metrics and retention. `Ok(revision)` on success.
@@ -492,6 +557,7 @@ impl Backup {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut next_full = self.next_full_at();
+        let mut next_defrag = self.cfg.defrag_schedule.as_ref().and_then(next_at);
         let mut chain_full_not_before = tokio::time::Instant::now();
         loop {
             if self.cfg.full_after_revisions > 0
@@ -511,6 +577,12 @@ impl Backup {
             }
             let full_due = async {
                 match next_full {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let defrag_due = async {
+                match next_defrag {
                     Some(t) => tokio::time::sleep_until(t).await,
                     None => std::future::pending().await,
                 }
@@ -538,6 +610,10 @@ impl Backup {
                 }
                 Some(()) = self.full_rx.recv() => {
                     if let Some(o) = self.full_during_stream(client, store, &mut buf).await { return o; }
+                }
+                _ = defrag_due => {
+                    self.defrag(client).await;
+                    next_defrag = self.cfg.defrag_schedule.as_ref().and_then(next_at);
                 }
                 _ = full_due => {
                     next_full = self.next_full_at();
@@ -678,6 +754,14 @@ impl Backup {
 }
 
 /// Parses `--full-snapshot-schedule` (5 fields, or 6 with seconds).
+/// The next occurrence of `cron` as a tokio instant.
+fn next_at(cron: &croner::Cron) -> Option<tokio::time::Instant> {
+    let now = chrono::Utc::now();
+    let next = cron.find_next_occurrence(&now, false).ok()?;
+    let wait = (next - now).to_std().ok()?;
+    Some(tokio::time::Instant::now() + wait)
+}
+
 pub fn parse_cron(s: &str) -> Result<croner::Cron, String> {
     croner::parser::CronParser::builder()
         .seconds(croner::parser::Seconds::Optional)
