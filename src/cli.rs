@@ -7,26 +7,45 @@ use serde_json::json;
 
 use crate::config::{BackupsCommand, SnapshotArgs};
 use crate::etcd::client::{ClientConfig, TlsFiles};
+use crate::snapshot::crypt::Keys;
 use crate::snapshot::{full, verify};
 use crate::store::layout::Kind;
 use crate::store::{Store, StoreUrl};
+use std::path::{Path, PathBuf};
 
 /// Bad usage or configuration.
 pub const EX_USAGE: i32 = 64;
 
-fn open_store(url: &str) -> Result<Store, i32> {
+fn open_store(url: &str, keys: Keys) -> Result<Store, i32> {
     let parsed: StoreUrl = url.parse().map_err(|e| {
         eprintln!("etcd-warden: --store {e}");
         EX_USAGE
     })?;
-    Store::open(&parsed).map_err(|e| {
+    Store::open(&parsed).map(|s| s.with_keys(keys)).map_err(|e| {
         eprintln!("etcd-warden: {}", crate::telemetry::error_chain(&e));
         1
     })
 }
 
+/// The age keys a one-shot command was given; bad ones are usage errors.
+fn keys(to: Option<&String>, to_file: Option<&PathBuf>, identity: Option<&Path>) -> Result<Keys, i32> {
+    crate::config::keys(
+        to.map(std::slice::from_ref).unwrap_or_default(),
+        to_file.map(std::slice::from_ref).unwrap_or_default(),
+        identity,
+    )
+    .map_err(|e| {
+        eprintln!("etcd-warden: {e}");
+        EX_USAGE
+    })
+}
+
 pub async fn snapshot(args: SnapshotArgs) -> i32 {
-    let store = match open_store(&args.store) {
+    let keys = match keys(args.encrypt_to.as_ref(), args.encrypt_to_file.as_ref(), None) {
+        Ok(k) => k,
+        Err(code) => return code,
+    };
+    let store = match open_store(&args.store, keys) {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -87,12 +106,20 @@ pub async fn snapshot(args: SnapshotArgs) -> i32 {
 pub async fn backups(cmd: BackupsCommand) -> i32 {
     match cmd {
         BackupsCommand::List { store, json } => list(&store, json).await,
-        BackupsCommand::Verify { store, json, .. } => verify_cmd(&store, json).await,
+        BackupsCommand::Verify {
+            store,
+            json,
+            identity,
+            ..
+        } => match keys(None, None, identity.as_deref()) {
+            Ok(k) => verify_cmd(&store, json, k).await,
+            Err(code) => code,
+        },
     }
 }
 
 async fn list(url: &str, as_json: bool) -> i32 {
-    let store = match open_store(url) {
+    let store = match open_store(url, Keys::default()) {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -162,8 +189,8 @@ async fn list(url: &str, as_json: bool) -> i32 {
     }
 }
 
-async fn verify_cmd(url: &str, as_json: bool) -> i32 {
-    let store = match open_store(url) {
+async fn verify_cmd(url: &str, as_json: bool, keys: Keys) -> i32 {
+    let store = match open_store(url, keys) {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -201,7 +228,11 @@ pub async fn restore(
     mut signals: tokio::sync::mpsc::UnboundedReceiver<crate::signals::SignalEvent>,
 ) -> i32 {
     use crate::restore::{RestoreOptions, Target};
-    let store = match open_store(&args.store) {
+    let keys = match keys(None, None, args.identity.as_deref()) {
+        Ok(k) => k,
+        Err(code) => return code,
+    };
+    let store = match open_store(&args.store, keys) {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -284,12 +315,21 @@ pub async fn restore(
 
 /// `backups verify --deep`: the shallow checks, then a real restore of the newest chain into a
 /// scratch dir beside the system temp dir, and the revision etcd reports once it runs on it.
-pub async fn verify_deep(store_url: String, etcd: String, reaper: crate::pid1::Reaper) -> i32 {
-    let shallow = verify_cmd(&store_url, false).await;
+pub async fn verify_deep(
+    store_url: String,
+    etcd: String,
+    identity: Option<PathBuf>,
+    reaper: crate::pid1::Reaper,
+) -> i32 {
+    let keys = match keys(None, None, identity.as_deref()) {
+        Ok(k) => k,
+        Err(code) => return code,
+    };
+    let shallow = verify_cmd(&store_url, false, keys.clone()).await;
     if shallow == EX_USAGE {
         return shallow;
     }
-    let store = match open_store(&store_url) {
+    let store = match open_store(&store_url, keys) {
         Ok(s) => s,
         Err(code) => return code,
     };

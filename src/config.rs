@@ -124,6 +124,9 @@ pub struct RestoreArgs {
     /// etcdutl (3.5+) or etcdctl (3.4), when not beside etcd.
     #[arg(long, value_name = "PATH")]
     pub etcdutl: Option<PathBuf>,
+    /// age identity file, for backups written with --encrypt-to.
+    #[arg(long, env = "ETCD_WARDEN_IDENTITY_FILE", value_name = "FILE")]
+    pub identity: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -150,6 +153,12 @@ pub struct SnapshotArgs {
     pub key: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "zstd")]
     pub compression: Compression,
+    /// Encrypt with age to these recipients (age1…, comma-separated).
+    #[arg(long, env = "ETCD_WARDEN_ENCRYPT_TO", value_name = "RECIPIENTS")]
+    pub encrypt_to: Option<String>,
+    /// Encrypt with age to the recipients in this file.
+    #[arg(long, env = "ETCD_WARDEN_ENCRYPT_TO_FILE", value_name = "FILE")]
+    pub encrypt_to_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -174,6 +183,9 @@ pub enum BackupsCommand {
         /// The etcd binary for --deep (etcdutl/etcdctl beside it).
         #[arg(long, default_value = "etcd", value_name = "PATH")]
         etcd: String,
+        /// age identity file: also decrypt and check the contents of encrypted backups.
+        #[arg(long, env = "ETCD_WARDEN_IDENTITY_FILE", value_name = "FILE")]
+        identity: Option<PathBuf>,
     },
 }
 
@@ -257,6 +269,15 @@ pub struct RunOptions {
     /// Client key for the warden's etcd client [default: etcd's --key-file when --client-cert-auth]
     #[arg(long, env = "ETCD_WARDEN_ETCD_KEY", value_name = "FILE")]
     pub etcd_key: Option<PathBuf>,
+    /// Encrypt new snapshots with age to these recipients (age1…, comma-separated) [default: no encryption]
+    #[arg(long, env = "ETCD_WARDEN_ENCRYPT_TO", value_name = "RECIPIENTS")]
+    pub encrypt_to: Option<String>,
+    /// Encrypt new snapshots to the recipients in this file (one age1… per line, as age -R)
+    #[arg(long, env = "ETCD_WARDEN_ENCRYPT_TO_FILE", value_name = "FILE")]
+    pub encrypt_to_file: Option<PathBuf>,
+    /// age identity file for restoring encrypted backups at start and in drills (not needed to write them)
+    #[arg(long, env = "ETCD_WARDEN_IDENTITY_FILE", value_name = "FILE")]
+    pub identity_file: Option<PathBuf>,
     /// Defragment etcd on this cron schedule (UTC), between snapshots; readiness is held meanwhile [default: off]
     #[arg(long, env = "ETCD_WARDEN_DEFRAG_SCHEDULE", value_name = "CRON")]
     pub defrag_schedule: Option<String>,
@@ -377,6 +398,9 @@ impl RunOptions {
             etcd_cert: self.etcd_cert.or(file.etcd_cert),
             etcd_key: self.etcd_key.or(file.etcd_key),
             defrag_schedule: self.defrag_schedule.or(file.defrag_schedule),
+            encrypt_to: self.encrypt_to.or(file.encrypt_to),
+            encrypt_to_file: self.encrypt_to_file.or(file.encrypt_to_file),
+            identity_file: self.identity_file.or(file.identity_file),
             admin_socket: self.admin_socket.or(file.admin_socket),
             admin_token_file: self.admin_token_file.or(file.admin_token_file),
             owner_name: self.owner_name.or(file.owner_name),
@@ -470,6 +494,11 @@ impl RunConfig {
         };
 
         let ownership = ownership(&o)?;
+        let keys = keys(
+            o.encrypt_to.as_slice(),
+            o.encrypt_to_file.as_slice(),
+            o.identity_file.as_deref(),
+        )?;
         let defrag_schedule = match &o.defrag_schedule {
             Some(v) => Some(
                 crate::snapshot::backup::parse_cron(v).map_err(|e| ConfigError::Invalid {
@@ -599,6 +628,7 @@ impl RunConfig {
             full_after_revisions: o.full_snapshot_after_revisions.unwrap_or(200_000).max(0),
             retention,
             defrag_schedule,
+            keys,
         };
         Ok(Self {
             launch: Launch {
@@ -625,6 +655,36 @@ impl RunConfig {
             admin_token_file: o.admin_token_file,
         })
     }
+}
+
+/// The age keys from `--encrypt-to`, `--encrypt-to-file` and an identity file.
+pub fn keys(
+    to: &[String],
+    to_files: &[PathBuf],
+    identity: Option<&Path>,
+) -> Result<crate::snapshot::crypt::Keys, ConfigError> {
+    use crate::snapshot::crypt;
+    let recipients = crypt::recipients(to, to_files).map_err(|reason| ConfigError::Invalid {
+        option: "encrypt-to",
+        reason,
+    })?;
+    if (!to.is_empty() || !to_files.is_empty()) && recipients.is_empty() {
+        return Err(ConfigError::Invalid {
+            option: "encrypt-to",
+            reason: "names no recipient (write age1…, as age-keygen -y prints)".into(),
+        });
+    }
+    let identities = match identity {
+        Some(p) => crypt::identities(p).map_err(|reason| ConfigError::Invalid {
+            option: "identity-file",
+            reason,
+        })?,
+        None => Vec::new(),
+    };
+    Ok(crypt::Keys {
+        recipients: std::sync::Arc::new(recipients),
+        identities: std::sync::Arc::new(identities),
+    })
 }
 
 fn ownership(o: &RunOptions) -> Result<Option<OwnershipConfig>, ConfigError> {

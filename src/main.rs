@@ -24,8 +24,9 @@ fn main() {
             store,
             deep: true,
             etcd,
+            identity,
             ..
-        }) => with_reaper(|reaper, _signals| cli::verify_deep(store, etcd, reaper)),
+        }) => with_reaper(|reaper, _signals| cli::verify_deep(store, etcd, identity, reaper)),
         Command::Backups(cmd) => one_shot(cli::backups(cmd)),
         Command::Restore(args) => restore_command(args),
         Command::Ctl(args) => one_shot_quiet(etcd_warden::ctl::ctl(args)),

@@ -195,6 +195,7 @@ fn s3_store_never_shows_a_partial_snapshot() {
             prefix: String::new(),
         },
         inner: std::sync::Arc::new(store),
+        keys: Default::default(),
     };
     exercise(&store, &rt);
 }

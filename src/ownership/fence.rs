@@ -21,7 +21,6 @@ use crate::pid1::Reaper;
 use crate::restore::execute::PrivateEtcd;
 use crate::snapshot::backup::SnapInfo;
 use crate::snapshot::full;
-use crate::store::Store;
 use crate::store::layout::Kind;
 
 /// `/status` → `ownership.fence`, metrics, readiness.
@@ -155,7 +154,9 @@ async fn attempt(
         unreachable!("started above")
     };
     let mut client = etcd.client().await?;
-    let store = Store::open_configured(&cfg.store, cfg.backup.credentials.as_deref())
+    let store = cfg
+        .backup
+        .open_store()
         .map_err(|e| crate::telemetry::error_chain(&e))?;
     let revision = client
         .status()

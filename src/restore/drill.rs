@@ -14,7 +14,6 @@ use tokio_util::sync::CancellationToken;
 use super::execute::{RestoreOptions, restore};
 use crate::config::RunConfig;
 use crate::pid1::Reaper;
-use crate::store::Store;
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct DrillStatus {
@@ -55,7 +54,9 @@ pub async fn run(
         let scratch = PathBuf::from(scratch);
         let opts = RestoreOptions::scratch(scratch.join("data"), cfg.launch.program.clone());
         let result = async {
-            let store = Store::open_configured(&cfg.store, cfg.backup.credentials.as_deref())
+            let store = cfg
+                .backup
+                .open_store()
                 .map_err(|e| crate::telemetry::error_chain(&e))?;
             std::fs::create_dir_all(&scratch).map_err(|e| format!("create {}: {e}", scratch.display()))?;
             let report = tokio::select! {

@@ -42,7 +42,8 @@ fn set(status: &watch::Sender<Option<String>>, what: &str) {
 }
 
 fn open_store(cfg: &RunConfig) -> Result<Store, String> {
-    Store::open_configured(&cfg.store, cfg.backup.credentials.as_deref())
+    cfg.backup
+        .open_store()
         .map_err(|e| crate::telemetry::error_chain(&e))
 }
 

@@ -40,6 +40,15 @@ pub struct BackupConfig {
     pub retention: Policy,
     /// `--defrag-schedule`: defragment etcd's backend, between snapshots, never during one.
     pub defrag_schedule: Option<croner::Cron>,
+    /// `--encrypt-to` recipients and `--identity-file` identities.
+    pub keys: super::crypt::Keys,
+}
+
+impl BackupConfig {
+    /// The store with `--store-credentials` read afresh and the age keys attached.
+    pub fn open_store(&self) -> Result<Store, crate::store::StoreError> {
+        Ok(Store::open_configured(&self.store, self.credentials.as_deref())?.with_keys(self.keys.clone()))
+    }
 }
 
 /// Requests to the backup loop.
@@ -274,7 +283,7 @@ impl Backup {
             if let Some(path) = &self.cfg.credentials {
                 self.creds_mtime = mtime(path);
             }
-            let opened = Store::open_configured(&self.cfg.store, self.cfg.credentials.as_deref());
+            let opened = self.cfg.open_store();
             let store = match opened {
                 Ok(s) => s,
                 Err(err) => {

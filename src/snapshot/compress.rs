@@ -4,7 +4,8 @@
 
 use std::io::{self, Write};
 
-use crate::store::layout::Compression;
+use super::crypt::{Keys, Opener, Sealer};
+use crate::store::layout::{Compression, Encryption};
 
 /// zstd level: 3 is zstd's default, fast enough to keep up with etcd's snapshot stream on one core.
 pub const ZSTD_LEVEL: i32 = 1;
@@ -58,6 +59,94 @@ impl Compressor {
             Self::Gzip(e) => e.finish(),
             Self::None(v) => Ok(v),
         }
+    }
+}
+
+/// Compression, then (with recipients) age encryption: what goes into an object's payload.
+pub struct Packer {
+    comp: Compressor,
+    seal: Option<Sealer>,
+}
+
+impl Packer {
+    pub fn new(c: Compression, keys: &Keys) -> io::Result<Self> {
+        let seal = if keys.encrypts() {
+            Some(Sealer::new(&keys.recipients)?)
+        } else {
+            None
+        };
+        Ok(Self {
+            comp: Compressor::new(c)?,
+            seal,
+        })
+    }
+
+    pub fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        self.comp.write(data)?;
+        if let Some(s) = self.seal.as_mut() {
+            s.write(&self.comp.take())?;
+        }
+        Ok(())
+    }
+
+    pub fn take(&mut self) -> Vec<u8> {
+        match self.seal.as_mut() {
+            Some(s) => s.take(),
+            None => self.comp.take(),
+        }
+    }
+
+    pub fn finish(self) -> io::Result<Vec<u8>> {
+        let rest = self.comp.finish()?;
+        match self.seal {
+            Some(mut s) => {
+                s.write(&rest)?;
+                let mut out = s.take();
+                out.extend(s.finish()?);
+                Ok(out)
+            }
+            None => Ok(rest),
+        }
+    }
+}
+
+/// The reverse of [`Packer`]: decryption (for `age` payloads), then decompression.
+pub struct Unpacker {
+    open: Option<Opener>,
+    de: Decompressor,
+}
+
+impl Unpacker {
+    pub fn new(c: Compression, e: Encryption, keys: &Keys) -> io::Result<Self> {
+        let open = match e {
+            Encryption::Age => Some(Opener::new(keys.identities.clone())?),
+            Encryption::Plain => None,
+        };
+        Ok(Self {
+            open,
+            de: Decompressor::new(c)?,
+        })
+    }
+
+    pub fn write(&mut self, data: &[u8]) -> io::Result<()> {
+        match self.open.as_mut() {
+            Some(o) => {
+                o.write(data)?;
+                self.de.write(&o.take()?)
+            }
+            None => self.de.write(data),
+        }
+    }
+
+    pub fn take(&mut self) -> Vec<u8> {
+        self.de.take()
+    }
+
+    pub fn finish(mut self) -> io::Result<Vec<u8>> {
+        if let Some(o) = self.open.take() {
+            self.de.write(&o.finish()?)?;
+        }
+        self.de.finish()
     }
 }
 

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use super::compress::Compressor;
+use super::compress::Packer;
 use super::delta_codec::{self, Lease, Revision};
 use super::full::SnapshotError;
 use crate::store::Store;
 use crate::store::format::{Footer, Header, ObjectWriter};
-use crate::store::layout::{self, Compression, Encryption, Kind, SnapshotName};
+use crate::store::layout::{self, Compression, Kind, SnapshotName};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 #[error("revision {got} does not follow {last} (a gap in the watch)")]
@@ -167,7 +167,7 @@ pub async fn upload(
         },
         created_ms: layout::now_ms(),
         compression,
-        encryption: Encryption::Plain,
+        encryption: store.encryption(),
     };
     let header = Header {
         format: 1,
@@ -178,14 +178,14 @@ pub async fn upload(
         last: Some(p.last),
         created: humantime::format_rfc3339_millis(name.created()).to_string(),
         compression,
-        encryption: Encryption::Plain,
+        encryption: store.encryption(),
         is_final: false,
         cluster_id: 0,
         member_id: 0,
         etcd_version: String::new(),
         writer: concat!("etcd-warden ", env!("CARGO_PKG_VERSION")).into(),
     };
-    let mut comp = Compressor::new(compression).map_err(SnapshotError::Compress)?;
+    let mut comp = Packer::new(compression, &store.keys).map_err(SnapshotError::Compress)?;
     comp.write(&p.raw).map_err(SnapshotError::Compress)?;
     let packed = comp.finish().map_err(SnapshotError::Compress)?;
     let key = name.key();

@@ -14,10 +14,10 @@ use etcd_client::Client;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use super::compress::Compressor;
+use super::compress::Packer;
 use crate::store::Store;
 use crate::store::format::{Footer, FormatError, Header, ObjectWriter};
-use crate::store::layout::{self, Compression, Encryption, Kind, SnapshotName};
+use crate::store::layout::{self, Compression, Kind, SnapshotName};
 
 #[derive(Debug, Error)]
 pub enum SnapshotError {
@@ -114,7 +114,7 @@ pub async fn take_full(
         kind: Kind::Full { revision, is_final },
         created_ms: layout::now_ms(),
         compression,
-        encryption: Encryption::Plain,
+        encryption: store.encryption(),
     };
     let header = Header {
         format: 1,
@@ -125,7 +125,7 @@ pub async fn take_full(
         last: None,
         created: humantime::format_rfc3339_millis(name.created()).to_string(),
         compression,
-        encryption: Encryption::Plain,
+        encryption: store.encryption(),
         is_final,
         cluster_id: hdr.as_ref().map(|h| h.cluster_id()).unwrap_or(0),
         member_id: hdr.as_ref().map(|h| h.member_id()).unwrap_or(0),
@@ -224,7 +224,7 @@ where
     use futures_util::StreamExt;
     let mut writer = ObjectWriter::begin(store.inner.clone(), key, header).await?;
     let body = async {
-        let mut comp = Compressor::new(compression).map_err(SnapshotError::Compress)?;
+        let mut comp = Packer::new(compression, &store.keys).map_err(SnapshotError::Compress)?;
         let mut check = TrailerCheck::default();
         let mut chunks = std::pin::pin!(chunks);
         while let Some(blob) = chunks.next().await {

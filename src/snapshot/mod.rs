@@ -3,6 +3,7 @@
 
 pub mod backup;
 pub mod compress;
+pub mod crypt;
 pub mod delta;
 pub mod delta_codec;
 pub mod full;

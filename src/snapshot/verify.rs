@@ -4,11 +4,11 @@
 
 use serde::Serialize;
 
-use super::compress::Decompressor;
+use super::compress::Unpacker;
 use super::delta_codec::{Decoder, Record};
 use super::full::TrailerCheck;
 use crate::store::format::{self, Verified};
-use crate::store::layout::{Kind, SnapshotName};
+use crate::store::layout::{Encryption, Kind, SnapshotName};
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, Clone, Serialize)]
@@ -33,8 +33,15 @@ impl Report {
     }
 }
 
-/// Checks one object end to end.
+/// Checks one object end to end. An age-encrypted object read without an identity is checked as
+/// far as that allows: its framing and the digest of its (encrypted) payload, which the store's
+/// holder can verify without being able to read it.
 pub async fn verify_object(store: &Store, name: &SnapshotName) -> Result<Verified, String> {
+    if name.encryption == Encryption::Age && store.keys.identities.is_empty() {
+        return format::read_object(store.inner.as_ref(), &name.key(), |_, _| Ok(()))
+            .await
+            .map_err(|e| crate::telemetry::error_chain(&e));
+    }
     read_verified(store, name, |_| Ok(())).await
 }
 
@@ -47,7 +54,7 @@ where
     F: FnMut(&[u8]) -> Result<(), String>,
 {
     let key = name.key();
-    let mut de: Option<Decompressor> = None;
+    let mut de: Option<Unpacker> = None;
     let mut trailer = TrailerCheck::default();
     let mut decoder = Decoder::new();
     let mut next_rev: Option<i64> = None;
@@ -82,15 +89,17 @@ where
     let verified = format::read_object(store.inner.as_ref(), &key, |h, chunk| {
         let d = match de.as_mut() {
             Some(d) => d,
-            None => de.insert(Decompressor::new(h.compression).map_err(|e| e.to_string())?),
+            None => {
+                de.insert(Unpacker::new(h.compression, h.encryption, &store.keys).map_err(|e| e.to_string())?)
+            }
         };
-        d.write(chunk).map_err(|e| format!("decompress: {e}"))?;
+        d.write(chunk).map_err(|e| format!("decode the payload: {e}"))?;
         consume(d.take())
     })
     .await
     .map_err(|e| crate::telemetry::error_chain(&e))?;
     if let Some(d) = de {
-        consume(d.finish().map_err(|e| format!("decompress: {e}"))?)?;
+        consume(d.finish().map_err(|e| format!("decode the payload: {e}"))?)?;
     }
     if raw != verified.footer.raw_bytes {
         return Err(format!(

@@ -60,6 +60,8 @@ pub enum StoreError {
 pub struct Store {
     pub url: StoreUrl,
     pub inner: Arc<dyn ObjectStore>,
+    /// age keys: recipients to encrypt new snapshots to, identities to read encrypted ones.
+    pub keys: crate::snapshot::crypt::Keys,
 }
 
 /// `--store-credentials FILE`: `KEY=VALUE` lines with the same names as the environment variables
@@ -130,6 +132,20 @@ macro_rules! configure {
 }
 
 impl Store {
+    pub fn with_keys(mut self, keys: crate::snapshot::crypt::Keys) -> Self {
+        self.keys = keys;
+        self
+    }
+
+    /// How new snapshots are encrypted with these keys.
+    pub fn encryption(&self) -> layout::Encryption {
+        if self.keys.encrypts() {
+            layout::Encryption::Age
+        } else {
+            layout::Encryption::Plain
+        }
+    }
+
     /// Builds the client from the URL and the environment the clouds' own tools read
     /// (AWS_*, GOOGLE_*, AZURE_*). Creates a file store's directory.
     pub fn open(url: &StoreUrl) -> Result<Self, StoreError> {
@@ -205,6 +221,7 @@ impl Store {
         Ok(Self {
             url: url.clone(),
             inner,
+            keys: Default::default(),
         })
     }
 

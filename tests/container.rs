@@ -1,0 +1,331 @@
+#![allow(clippy::disallowed_methods)]
+//! The warden as PID 1 of a real container: the FROM-scratch twin of the shipped Containerfile (built by
+//! `scripts/container-image`: a static musl warden, etcd 3.5.1, a static busybox), run by Debian's podman
+//! with runc on the host network. Driven the way an operator drives it: `podman kill --signal USR1`
+//! takes a full snapshot, an orphan left by `podman exec` is adopted and reaped by the warden, and
+//! `podman stop` stops etcd gracefully, the container exiting with etcd's status.
+//!
+//! Podman's storage (vfs), run state and containers.conf all live in one tempdir per run; the container
+//! and the image are removed when the test ends, pass or fail.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Podman with its own --root/--runroot and containers.conf under a tempdir. Removes the containers it
+/// started and the images it built when dropped, before the tempdir goes.
+struct Podman {
+    dir: tempfile::TempDir,
+    conf: PathBuf,
+    containers: Vec<String>,
+    images: Vec<String>,
+}
+
+impl Podman {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let conf = dir.path().join("containers.conf");
+        // Without `default_ulimits = []` runc fails here with "error setting rlimit type 7: operation
+        // not permitted"; the cgroup layout wants cgroupfs, not systemd.
+        std::fs::write(
+            &conf,
+            format!(
+                "[containers]\ndefault_ulimits = []\n\n[engine]\ncgroup_manager = \"cgroupfs\"\ntmp_dir = \"{}\"\n",
+                dir.path().join("tmp").display()
+            ),
+        )
+        .expect("write containers.conf");
+        Self {
+            dir,
+            conf,
+            containers: Vec::new(),
+            images: Vec::new(),
+        }
+    }
+
+    /// `--root DIR --runroot DIR`: this run's own storage and run state (also for scripts/container-image).
+    fn store_flags(&self) -> String {
+        let p = self.dir.path();
+        format!(
+            "--root {} --runroot {}",
+            p.join("root").display(),
+            p.join("run").display()
+        )
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new("podman");
+        c.env("CONTAINERS_CONF", &self.conf)
+            .args(self.store_flags().split(' '))
+            .args(["--storage-driver", "vfs", "--runtime", "runc"]);
+        c
+    }
+
+    /// `podman ARGS`: stdout, or stderr (with the exit status) when it fails.
+    fn try_run(&self, args: &[&str]) -> Result<String, String> {
+        let out = self.cmd().args(args).output().map_err(|e| {
+            format!("cannot run podman ({e}): install Debian's podman and runc (scripts/deps.sh need_podman)")
+        })?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "podman {} failed ({}): {}{}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&out.stdout)
+            ))
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> String {
+        self.try_run(args).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Builds the test image with scripts/container-image into `tag`.
+    fn build_image(&mut self, tag: &str) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/container-image");
+        let ctx = self.dir.path().join("context");
+        let t = Instant::now();
+        let out = Command::new(&script)
+            .arg(&ctx)
+            .arg(tag)
+            .env("CONTAINERS_CONF", &self.conf)
+            .env("PODMAN_FLAGS", self.store_flags())
+            .output()
+            .expect("run scripts/container-image");
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "{} failed ({}):\n{log}",
+            script.display(),
+            out.status
+        );
+        self.images.push(tag.to_owned());
+        for line in log.lines().filter(|l| l.starts_with("container-image:")) {
+            eprintln!("{line}");
+        }
+        eprintln!("image {tag} ready after {:?}", t.elapsed());
+    }
+
+    fn inspect(&self, ctr: &str, format: &str) -> String {
+        self.run(&["inspect", "--format", format, ctr]).trim().to_owned()
+    }
+
+    fn logs(&self, ctr: &str) -> String {
+        let out = self.cmd().args(["logs", ctr]).output().expect("run podman logs");
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        for ctr in std::mem::take(&mut self.containers) {
+            if std::thread::panicking() {
+                eprintln!("---- podman logs {ctr} ----\n{}", self.logs(&ctr));
+            }
+            if let Err(e) = self.try_run(&["rm", "--force", "--volumes", "--time", "0", &ctr]) {
+                eprintln!("cleanup: {e}");
+            }
+        }
+        for image in std::mem::take(&mut self.images) {
+            if let Err(e) = self.try_run(&["rmi", "--force", &image]) {
+                eprintln!("cleanup: {e}");
+            }
+        }
+    }
+}
+
+fn status(http: &str) -> serde_json::Value {
+    let (code, body) = http_get(http, "/status").expect("the warden answers /status");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).expect("/status is JSON")
+}
+
+/// The pid inside its PID namespace (last NSpid field) of a host pid.
+fn ns_pid(host_pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{host_pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+#[test]
+fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds_status() {
+    let test_start = Instant::now();
+    let mut podman = Podman::new();
+    let id = std::process::id();
+    let image = format!("localhost/etcd-warden-test:{id}");
+    let name = format!("etcd-warden-test-{id}");
+    podman.build_image(&image);
+
+    // The warden's --listen from ETCD_WARDEN_LISTEN, etcd's command line after the image name.
+    let ip = unique_ip();
+    let http = format!("{ip}:2378");
+    let listen = format!("ETCD_WARDEN_LISTEN={http}");
+    let mut args = vec![
+        "run",
+        "--detach",
+        "--name",
+        &name,
+        "--network",
+        "host",
+        // A test killed before its guard runs leaves no container behind for long.
+        "--timeout",
+        "600",
+        "--env",
+        &listen,
+        &image,
+        "etcd",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect::<Vec<_>>();
+    args.extend(etcd_args(&ip, Path::new("/var/lib/etcd/m1")));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    podman.containers.push(name.clone());
+    podman.run(&args);
+    let started = Instant::now();
+
+    wait_for(
+        &format!("the warden in container {name} to report ready at {http}/readyz"),
+        Duration::from_secs(60),
+        || match http_get(&http, "/readyz") {
+            Some((200, _)) => Some(()),
+            other => {
+                let state = podman.inspect(&name, "{{.State.Status}}");
+                assert_eq!(
+                    state, "running",
+                    "container {name} is {state} before the warden was ready (last answer {other:?})"
+                );
+                None
+            }
+        },
+    );
+    eprintln!("podman run → /readyz 200: {:?}", started.elapsed());
+    let st = status(&http);
+    assert_eq!(st["warden"]["pid"], 1, "{st}");
+    assert_eq!(st["warden"]["role"], "pid1", "{st}");
+    assert_eq!(st["etcd"]["healthy"], true, "{st}");
+    // The HEALTHCHECK command of the shipped Containerfile works inside the container.
+    let probe = podman.run(&[
+        "exec",
+        &name,
+        "etcd-warden",
+        "probe",
+        "--url",
+        &format!("http://{http}/readyz"),
+    ]);
+    assert_eq!(probe.trim(), "ready");
+
+    // SIGUSR1 through podman: one more full snapshot in the default store (file://<data-dir>.backups).
+    let fulls = wait_for(
+        "the first full snapshot (the store starts empty)",
+        Duration::from_secs(30),
+        || {
+            status(&http)["backup"]["fulls_total"]
+                .as_u64()
+                .filter(|n| *n >= 1)
+        },
+    );
+    podman.run(&["kill", "--signal", "USR1", &name]);
+    let st = wait_for(
+        "backup.fulls_total to grow after podman kill --signal USR1",
+        Duration::from_secs(30),
+        || {
+            let st = status(&http);
+            (st["backup"]["fulls_total"].as_u64() > Some(fulls)).then_some(st)
+        },
+    );
+    assert_eq!(st["backup"]["store"], "file:///var/lib/etcd/m1.backups", "{st}");
+    assert_eq!(st["backup"]["healthy"], true, "{st}");
+
+    // An orphan: `podman exec` starts a shell from outside the container's PID namespace; the `sleep`
+    // it leaves behind is reparented to the namespace's init, the warden, which must reap it.
+    let warden_host: i32 = podman
+        .inspect(&name, "{{.State.Pid}}")
+        .parse()
+        .expect("podman inspect .State.Pid");
+    assert_eq!(ns_pid(warden_host), Some(1), "the container's init is the warden");
+    let reaped = status(&http)["warden"]["orphans_reaped"]
+        .as_u64()
+        .expect("warden.orphans_reaped");
+    let out = podman.run(&[
+        "exec",
+        &name,
+        "busybox",
+        "sh",
+        "-c",
+        "busybox sleep 3 </dev/null >/dev/null 2>&1 & echo $!",
+    ]);
+    let orphan_ns: i32 = out
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("pid of the orphan, got {out:?}"));
+    let orphan = wait_for(
+        &format!("the orphan (pid {orphan_ns} in the container) to be adopted by the warden"),
+        Duration::from_secs(3),
+        || {
+            children_of(warden_host)
+                .into_iter()
+                .find(|(pid, _, _)| ns_pid(*pid) == Some(orphan_ns))
+                .map(|(pid, _, _)| pid)
+        },
+    );
+    wait_for(
+        &format!("the orphan {orphan} to exit and be reaped"),
+        Duration::from_secs(15),
+        || (!Path::new(&format!("/proc/{orphan}")).exists()).then_some(()),
+    );
+    let zombies: Vec<_> = children_of(warden_host)
+        .into_iter()
+        .filter(|(_, state, _)| *state == 'Z')
+        .collect();
+    assert!(zombies.is_empty(), "zombie children of the warden: {zombies:?}");
+    let st = status(&http);
+    assert!(
+        st["warden"]["orphans_reaped"].as_u64() > Some(reaped),
+        "orphans_reaped did not grow from {reaped}: {st}"
+    );
+
+    // podman stop: SIGTERM to PID 1, a graceful stop of etcd well within the 30 s grace, and the
+    // container exits with etcd's status (etcd re-raises SIGTERM after a clean shutdown: 143).
+    let t = Instant::now();
+    podman.run(&["stop", "--time", "30", &name]);
+    let stop_took = t.elapsed();
+    assert!(
+        stop_took < Duration::from_secs(20),
+        "podman stop took {stop_took:?}"
+    );
+    assert_eq!(podman.inspect(&name, "{{.State.Status}}"), "exited");
+    let code = podman.inspect(&name, "{{.State.ExitCode}}");
+    let log = podman.logs(&name);
+    assert_eq!(
+        code, "143",
+        "the container's exit code is not etcd's graceful status:\n{log}"
+    );
+    assert!(
+        log.contains("signalled etcd") && log.contains("SIGTERM"),
+        "no SIGTERM to etcd in the warden's log:\n{log}"
+    );
+    assert!(
+        log.contains("etcd exited") && log.contains("etcd stopped; warden exiting"),
+        "the warden did not see etcd exit:\n{log}"
+    );
+    assert!(
+        !log.contains("SIGKILL"),
+        "a graceful stop must not need SIGKILL:\n{log}"
+    );
+    eprintln!(
+        "podman stop took {stop_took:?}; whole test {:?}",
+        test_start.elapsed()
+    );
+}
