@@ -160,6 +160,21 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
             })
             .collect(),
     ));
+    let mut ages = Vec::new();
+    for (kind, info) in [("full", &b.last_full), ("delta", &b.last_delta)] {
+        if let Some(at) = info.as_ref().and_then(|i| i.at) {
+            let age = std::time::SystemTime::now()
+                .duration_since(at)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0);
+            ages.push((kind_label(kind), age));
+        }
+    }
+    out.push(gauge(
+        "etcd_warden_backup_age_seconds",
+        "Seconds since the last snapshot of each kind reached the store (alert on this).",
+        ages,
+    ));
     let mut last_ts = Vec::new();
     let mut dur = Vec::new();
     let mut size = Vec::new();
@@ -204,12 +219,32 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
             vec![(Vec::new(), d.duration_seconds)],
         ));
     }
+    let restores = shared.restores.borrow().clone();
+    out.push(counter(
+        "etcd_warden_restores",
+        "Data dirs restored from the store at start (missing, broken or behind).",
+        vec![(Vec::new(), restores.total as f64)],
+    ));
+    if let Some(s) = restores.last_seconds {
+        out.push(gauge(
+            "etcd_warden_restore_duration_seconds",
+            "Duration of the last start-up restore.",
+            vec![(Vec::new(), s)],
+        ));
+    }
     let drill = shared.drill.borrow().clone();
     if let Some(t) = drill.last_success {
         out.push(gauge(
             "etcd_warden_last_verified_restore_timestamp_seconds",
             "Unix time of the last successful restore drill (--verify-schedule).",
             vec![(Vec::new(), to_unix(t))],
+        ));
+    }
+    if let Some(s) = drill.last_seconds {
+        out.push(gauge(
+            "etcd_warden_restore_drill_duration_seconds",
+            "Duration of the last restore drill.",
+            vec![(Vec::new(), s)],
         ));
     }
     if let Some(rev) = b.backed_up_revision {

@@ -33,6 +33,7 @@ use crate::etcd::Health;
 use crate::ownership::OwnershipStatus;
 use crate::ownership::fence::{self, FenceStatus};
 use crate::pid1::{ExitStatus, InitRole, Reaper};
+use crate::restore::startup::{Decision, RestoreStats};
 use crate::signals::SignalEvent;
 use crate::snapshot::backup::{Backup, BackupHandle, BackupStatus, Control};
 use crate::state::Shared;
@@ -61,6 +62,7 @@ pub async fn run(
         None => OwnershipStatus::not_configured(),
     });
     let (fence_tx, fence_rx) = watch::channel(FenceStatus::default());
+    let (restores_tx, restores_rx) = watch::channel(RestoreStats::default());
     let shared = Shared {
         child: child_rx.clone(),
         health: health_rx.clone(),
@@ -70,6 +72,7 @@ pub async fn run(
         restoring: restoring_rx,
         ownership: ownership_rx.clone(),
         fence: fence_rx,
+        restores: restores_rx,
         reaper: reaper.clone(),
         role,
         started_at: SystemTime::now(),
@@ -176,6 +179,7 @@ pub async fn run(
         stopping: stopping_tx,
         restoring: restoring_tx,
         fence: fence_tx,
+        restores: restores_tx,
         ownership: ownership_rx,
         child: child_rx,
         recheck,
@@ -201,6 +205,7 @@ struct Terms {
     stopping: watch::Sender<bool>,
     restoring: watch::Sender<Option<String>>,
     fence: watch::Sender<FenceStatus>,
+    restores: watch::Sender<RestoreStats>,
     ownership: watch::Receiver<OwnershipStatus>,
     child: watch::Receiver<ChildState>,
     recheck: Arc<Notify>,
@@ -317,6 +322,14 @@ impl Terms {
                 decision = &mut prepare => match decision {
                     Ok(d) => {
                         tracing::info!(decision = ?d, "data dir ready");
+                        if let Decision::Restored { revision, seconds, .. } = d {
+                            self.restores.send_modify(|r| {
+                                r.total += 1;
+                                r.last_revision = Some(revision);
+                                r.last_seconds = Some(seconds);
+                                r.last_at = Some(SystemTime::now());
+                            });
+                        }
                         break;
                     }
                     Err(e) => {

@@ -27,6 +27,7 @@ pub struct Shared {
     pub restoring: watch::Receiver<Option<String>>,
     pub ownership: watch::Receiver<OwnershipStatus>,
     pub fence: watch::Receiver<FenceStatus>,
+    pub restores: watch::Receiver<crate::restore::startup::RestoreStats>,
     pub reaper: Reaper,
     pub role: InitRole,
     pub started_at: SystemTime,
@@ -145,7 +146,11 @@ impl Shared {
             },
             "ownership": self.ownership_json(),
             "backup": self.backup_json(),
-            "restore": { "in_progress": self.restoring.borrow().is_some(), "step": self.restoring.borrow().clone() },
+            "restore": {
+                "in_progress": self.restoring.borrow().is_some(),
+                "step": self.restoring.borrow().clone(),
+                "startup_restores": serde_json::to_value(&*self.restores.borrow()).unwrap_or_default(),
+            },
             "warden": {
                 "pid": std::process::id(),
                 "role": match self.role { InitRole::Pid1 => "pid1", InitRole::Subreaper => "subreaper" },

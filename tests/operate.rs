@@ -274,3 +274,60 @@ fn scheduled_defrag_under_load_keeps_readiness() {
     let (_, metrics) = w.get("/metrics").unwrap();
     assert!(metrics.contains("etcd_warden_defrags_total"), "{metrics}");
 }
+
+/// Every metric's name, type, help and labels, with values redacted.
+fn redact(exposition: &str) -> String {
+    let mut out = Vec::new();
+    for line in exposition.lines() {
+        if line.starts_with('#') {
+            out.push(line.to_owned());
+            continue;
+        }
+        let series = match line.rfind('}') {
+            Some(i) => &line[..=i],
+            None => line.split_whitespace().next().unwrap_or(""),
+        };
+        out.push(format!("{series} <value>"));
+    }
+    out.join("\n") + "\n"
+}
+
+#[test]
+fn metrics_exposition_matches_the_golden_file() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dns = common::dns::DnsServer::start(&ip);
+    dns.set_owner("owner.test", "me");
+    let dir = tempfile::tempdir().unwrap();
+    let (w, _) = warden_with_file_store(
+        &etcd,
+        &ip,
+        dir.path(),
+        &[
+            "--owner-name",
+            "owner.test",
+            "--owner-id",
+            "me",
+            "--owner-check-resolver",
+            &dns.addr,
+        ],
+    );
+    etcdctl(&etcdctl_for(&etcd), &ip, &["put", "k", "v"]).unwrap();
+    wait_for("a delta", START, || {
+        (w.status()["backup"]["deltas_total"].as_u64() >= Some(1)).then_some(())
+    });
+    let (code, metrics) = w.get("/metrics").unwrap();
+    assert_eq!(code, 200);
+    let got = redact(&metrics);
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/metrics.txt");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::create_dir_all(golden.parent().unwrap()).unwrap();
+        std::fs::write(&golden, &got).unwrap();
+    }
+    let want =
+        std::fs::read_to_string(&golden).expect("tests/golden/metrics.txt (UPDATE_GOLDEN=1 writes it)");
+    assert_eq!(
+        got, want,
+        "the exposition changed; review it and run with UPDATE_GOLDEN=1 to accept"
+    );
+}

@@ -25,7 +25,7 @@ use crate::pid1::Reaper;
 use crate::store::Store;
 
 /// What start-up decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
     /// Start etcd on the data dir as it is.
     Keep(String),
@@ -33,7 +33,18 @@ pub enum Decision {
     Restored {
         revision: i64,
         moved_aside: Option<PathBuf>,
+        seconds: f64,
     },
+}
+
+/// Start-up restores done by this warden, for /status and metrics.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RestoreStats {
+    pub total: u64,
+    pub last_revision: Option<i64>,
+    pub last_seconds: Option<f64>,
+    #[serde(with = "crate::telemetry::opt_unix_seconds")]
+    pub last_at: Option<std::time::SystemTime>,
 }
 
 fn set(status: &watch::Sender<Option<String>>, what: &str) {
@@ -206,6 +217,7 @@ pub async fn prepare(
             Ok(Decision::Restored {
                 revision: report.revision,
                 moved_aside: moved,
+                seconds: report.seconds,
             })
         }
         Err(e) => {
