@@ -189,7 +189,7 @@ pub enum BackupsCommand {
     },
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// TOML file with the same keys as the long options (e.g. `stop-timeout = "30s"`).
     #[arg(long, env = "ETCD_WARDEN_CONFIG", value_name = "FILE")]
@@ -202,7 +202,7 @@ pub struct RunArgs {
 }
 
 /// Options of `run`. Also the schema of the `--config` file.
-#[derive(Debug, Default, Args, Deserialize)]
+#[derive(Debug, Clone, Default, Args, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct RunOptions {
     /// Where backups go: file:///dir, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix
@@ -336,6 +336,9 @@ pub struct RunConfig {
     pub ownership: Option<OwnershipConfig>,
     pub admin_socket: Option<PathBuf>,
     pub admin_token_file: Option<PathBuf>,
+    /// The arguments this was built from: SIGHUP builds the configuration again from them, with
+    /// the config file and credentials read afresh.
+    pub source: RunArgs,
 }
 
 /// Bad usage or configuration: exit 64.
@@ -436,6 +439,7 @@ fn duration(option: &'static str, value: Option<&str>, default: &str) -> Result<
 impl RunConfig {
     /// Validates `run`'s arguments against the environment and the filesystem, touching nothing.
     pub fn from_args(args: RunArgs, env: &HashMap<String, String>) -> Result<Self, ConfigError> {
+        let source = args.clone();
         let file = match &args.config {
             Some(path) => load_file(path)?,
             None => RunOptions::default(),
@@ -653,6 +657,7 @@ impl RunConfig {
             ownership,
             admin_socket: o.admin_socket,
             admin_token_file: o.admin_token_file,
+            source,
         })
     }
 }

@@ -268,14 +268,54 @@ impl Terms {
                 }
             }
             SignalEvent::Reload => {
-                tracing::info!(
-                    "SIGHUP: re-opening the store (credentials are re-read) and re-checking ownership"
-                );
-                let _ = self.backup.control.try_send(Control::Reload);
+                tracing::info!("SIGHUP: re-reading the configuration and credentials, re-checking ownership");
                 self.recheck.notify_one();
+                let control = match self.reload() {
+                    Some(backup) => Control::Reconfigure(Box::new(backup)),
+                    None => Control::Reload,
+                };
+                let _ = self.backup.control.try_send(control);
             }
         }
         None
+    }
+
+    /// Builds the configuration again from the same arguments, the config file read afresh. Backup
+    /// settings take effect at once; the rest (etcd's command line, listeners, ownership) are
+    /// fixed for the warden's life and a change is logged as needing a restart. `None` when the
+    /// new configuration is invalid: the old one stays in force.
+    fn reload(&self) -> Option<crate::snapshot::backup::BackupConfig> {
+        let env: std::collections::HashMap<String, String> = std::env::vars().collect();
+        let new = match RunConfig::from_args(self.config.source.clone(), &env) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: the configuration is invalid; keeping the one in force");
+                return None;
+            }
+        };
+        let fixed = [
+            ("etcd command line", new.launch != self.config.launch),
+            ("--listen", new.listen != self.config.listen),
+            ("--admin-socket", new.admin_socket != self.config.admin_socket),
+            (
+                "ownership options",
+                format!("{:?}", new.ownership) != format!("{:?}", self.config.ownership),
+            ),
+            ("restart and stop timing", new.policy != self.config.policy),
+            (
+                "--health-interval",
+                new.health_interval != self.config.health_interval,
+            ),
+        ];
+        for (what, changed) in fixed {
+            if changed {
+                tracing::warn!(
+                    setting = what,
+                    "SIGHUP: this setting changed but takes effect only after a restart"
+                );
+            }
+        }
+        Some(new.backup)
     }
 
     /// Stops the supervisor (etcd is not running) and returns its status.

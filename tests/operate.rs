@@ -331,3 +331,50 @@ fn metrics_exposition_matches_the_golden_file() {
         "the exposition changed; review it and run with UPDATE_GOLDEN=1 to accept"
     );
 }
+
+#[test]
+fn sighup_rereads_the_config_file_and_keeps_the_old_one_when_the_new_is_invalid() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("warden.toml");
+    std::fs::write(&config, "delta-snapshot-period = \"1h\"\n").unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, &dir.path().join("data")));
+    let w = Warden::start(
+        &ip,
+        &["--config", config.to_str().unwrap(), "--store", &store],
+        &argv,
+    );
+    w.wait_ready(START);
+    wait_for("the first full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    etcdctl(&etcdctl_for(&etcd), &ip, &["put", "k1", "1"]).unwrap();
+    wait_for("the put buffered", START, || {
+        (w.status()["backup"]["pending_delta_events"].as_u64() >= Some(1)).then_some(())
+    });
+
+    // An invalid file: logged, the old settings stay, nothing else changes.
+    std::fs::write(&config, "delta-snapshot-period = \"soon\"\n").unwrap();
+    w.signal(Signal::SIGHUP);
+    wait_for("the rejection in the log", START, || {
+        w.log_text()
+            .contains("the configuration is invalid; keeping the one in force")
+            .then_some(())
+    });
+    assert_eq!(w.get("/readyz").unwrap().0, 200);
+
+    // A valid one: the new delta period applies without a restart.
+    std::fs::write(&config, "delta-snapshot-period = \"200ms\"\n").unwrap();
+    w.signal(Signal::SIGHUP);
+    wait_for("a delta under the reloaded period", START, || {
+        (w.status()["backup"]["deltas_total"].as_u64() >= Some(1)).then_some(())
+    });
+    etcdctl(&etcdctl_for(&etcd), &ip, &["put", "k2", "2"]).unwrap();
+    wait_for("a second delta without any signal", START, || {
+        (w.status()["backup"]["deltas_total"].as_u64() >= Some(2)).then_some(())
+    });
+    assert_eq!(w.status()["etcd"]["restarts"], 0);
+}

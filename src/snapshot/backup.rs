@@ -58,6 +58,8 @@ pub enum Control {
     Stop(oneshot::Sender<()>),
     /// Re-open the store (credentials re-read) after flushing.
     Reload,
+    /// New settings (SIGHUP re-read the config file): flush, then carry on with these.
+    Reconfigure(Box<BackupConfig>),
 }
 
 /// Handles for other tasks. Full and delta requests coalesce: one pending of each at most.
@@ -226,6 +228,10 @@ impl Backup {
             Some(c) = self.control_rx.recv() => match c {
                 Control::Stop(reply) => Some(Outcome::Stop(reply)),
                 Control::Reload => None,
+                Control::Reconfigure(cfg) => {
+                    self.cfg = *cfg;
+                    None
+                }
             },
             _ = tokio::time::sleep(d) => None,
         }
@@ -256,6 +262,7 @@ impl Backup {
                 Some(c) = self.control_rx.recv() => match c {
                     Control::Stop(reply) => return Some(reply),
                     Control::Reload => {}
+                    Control::Reconfigure(cfg) => self.cfg = *cfg,
                 },
                 _ = self.child.changed() => {}
                 _ = self.health.changed() => {}
@@ -612,6 +619,12 @@ impl Backup {
                     Control::Reload => {
                         self.flush(store, &mut buf).await;
                         return Outcome::Reconnect;
+                    }
+                    Control::Reconfigure(cfg) => {
+                        self.flush(store, &mut buf).await;
+                        tracing::info!("backup settings reloaded");
+                        self.cfg = *cfg;
+                        return Outcome::Reopen;
                     }
                 },
                 Some(()) = self.delta_rx.recv() => {
