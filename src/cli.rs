@@ -81,7 +81,10 @@ pub async fn snapshot(args: SnapshotArgs) -> i32 {
             return 1;
         }
     };
-    match full::take_full(&mut client, &store, args.compression, false).await {
+    let progress = crate::telemetry::Progress::terminal();
+    let result = full::take_full(&mut client, &store, args.compression, false, &progress).await;
+    progress.done();
+    match result {
         Ok(r) => {
             println!(
                 "{}\trevision {}\t{} bytes from etcd\t{} bytes stored\t{:.2}s",
@@ -271,7 +274,7 @@ pub async fn restore(
         std::env::current_dir().unwrap_or_default().join(&args.data_dir)
     };
     let opts = RestoreOptions {
-        progress: Default::default(),
+        progress: crate::telemetry::Progress::terminal(),
         data_dir,
         etcd,
         tool: args.etcdutl.clone(),
@@ -286,6 +289,7 @@ pub async fn restore(
     loop {
         tokio::select! {
             r = &mut work => {
+                opts.progress.done();
                 return match r {
                     Ok(report) => {
                         println!(

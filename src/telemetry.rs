@@ -138,3 +138,152 @@ mod tests {
         assert!(r.contains("sig=REDACTED&se=2"), "{r}");
     }
 }
+
+/// Where the progress of long work goes: a status sink (`/status`, readiness reason), the terminal
+/// (one-shot commands, when stderr is one), and the log for steps. Fine-grained updates (`tick`)
+/// are rate-limited to one a second.
+#[derive(Clone, Default)]
+pub struct Progress {
+    sink: Option<Arc<dyn Fn(Option<String>) + Send + Sync>>,
+    terminal: bool,
+    last_tick: Arc<std::sync::Mutex<Option<Instant>>>,
+    /// A progress line is on the terminal without its newline yet.
+    open_line: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl std::fmt::Debug for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Progress")
+            .field("sink", &self.sink.is_some())
+            .field("terminal", &self.terminal)
+            .finish()
+    }
+}
+
+impl Progress {
+    /// Progress into a status field.
+    pub fn to(sink: impl Fn(Option<String>) + Send + Sync + 'static) -> Self {
+        Self {
+            sink: Some(Arc::new(sink)),
+            ..Self::default()
+        }
+    }
+
+    /// Progress on stderr when it is a terminal (otherwise only steps, in the log).
+    pub fn terminal() -> Self {
+        Self {
+            terminal: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            ..Self::default()
+        }
+    }
+
+    fn show(&self, what: &str) {
+        if let Some(s) = &self.sink {
+            s(Some(what.to_owned()));
+        }
+        if self.terminal {
+            use std::io::Write;
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\r\x1b[K{what}");
+            let _ = err.flush();
+            self.open_line.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn end_line(&self) {
+        if self.open_line.swap(false, Ordering::Relaxed) {
+            eprintln!();
+        }
+    }
+
+    /// A step: logged (the terminal sees the log line), and shown in the status sink.
+    pub fn step(&self, what: String) {
+        self.end_line();
+        tracing::info!(progress = %what, "progress");
+        if let Some(s) = &self.sink {
+            s(Some(what));
+        }
+    }
+
+    /// An update shown now, whatever the rate limit (e.g. the last one of a phase).
+    pub fn update(&self, what: String) {
+        if self.sink.is_some() || self.terminal {
+            self.show(&what);
+        }
+    }
+
+    /// A fine-grained update, shown at most once a second (never logged).
+    pub fn tick(&self, what: impl FnOnce() -> String) {
+        if self.sink.is_none() && !self.terminal {
+            return;
+        }
+        let mut last = self.last_tick.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        *last = Some(Instant::now());
+        drop(last);
+        self.show(&what());
+    }
+
+    /// The work is over: clear the status field, end the terminal line.
+    pub fn done(&self) {
+        if let Some(s) = &self.sink {
+            s(None);
+        }
+        self.end_line();
+    }
+}
+
+/// "312.0 MiB of 1.1 GiB (28%), 95.2 MiB/s, ETA 9s" — `total` may be unknown.
+pub fn rate_line(done: u64, total: Option<u64>, elapsed: Duration, unit: &str) -> String {
+    let secs = elapsed.as_secs_f64().max(1e-3);
+    let rate = done as f64 / secs;
+    let fmt = |n: f64| {
+        if unit == "B" {
+            bytesize::ByteSize(n as u64).display().iec().to_string()
+        } else {
+            format!("{} {unit}", n as u64)
+        }
+    };
+    match total.filter(|t| *t > 0) {
+        Some(t) => {
+            let pct = (done as f64 * 100.0 / t as f64).min(100.0);
+            let eta = if rate > 0.0 {
+                format!(
+                    ", ETA {}s",
+                    ((t.saturating_sub(done)) as f64 / rate).ceil() as u64
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "{} of {} ({pct:.0}%), {}/s{eta}",
+                fmt(done as f64),
+                fmt(t as f64),
+                fmt(rate)
+            )
+        }
+        None => format!("{}, {}/s", fmt(done as f64), fmt(rate)),
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::*;
+
+    #[test]
+    fn rate_lines() {
+        let l = rate_line(50 << 20, Some(100 << 20), Duration::from_secs(5), "B");
+        assert_eq!(l, "50.0 MiB of 100.0 MiB (50%), 10.0 MiB/s, ETA 5s");
+        let l = rate_line(4500, Some(9000), Duration::from_secs(1), "revisions");
+        assert_eq!(
+            l,
+            "4500 revisions of 9000 revisions (50%), 4500 revisions/s, ETA 1s"
+        );
+        assert_eq!(
+            rate_line(10, None, Duration::from_secs(10), "revisions"),
+            "10 revisions, 1 revisions/s"
+        );
+    }
+}

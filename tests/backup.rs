@@ -163,7 +163,8 @@ fn file_store_round_trip(etcd: &Path, v35: bool) {
 
     // The newest full snapshot restores with etcd's own tool and holds every key.
     let db = dir.path().join("snap.db");
-    rt.block_on(read_full_to_file(&store, newest, &db)).unwrap();
+    rt.block_on(read_full_to_file(&store, newest, &db, &Default::default()))
+        .unwrap();
     let restored = dir.path().join("restored");
     let ip2 = unique_ip();
     let peer = format!("r1=http://{ip2}:2380");

@@ -378,3 +378,39 @@ fn sighup_rereads_the_config_file_and_keeps_the_old_one_when_the_new_is_invalid(
     });
     assert_eq!(w.status()["etcd"]["restarts"], 0);
 }
+
+#[test]
+fn snapshot_and_restore_show_progress_on_a_terminal() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let plain = PlainEtcd::start(&etcd, &ip, &data, "m1");
+    etcdctl(&etcdctl_for(&etcd), &ip, &["put", "k", "v"]).unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    // `script` gives the command a pseudo-terminal, as an operator's shell would.
+    let on_tty = |cmd: String| {
+        let out = Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{cmd}: {text}");
+        text
+    };
+    let text = on_tty(format!(
+        "{WARDEN} snapshot --store {store} --endpoints http://{ip}:2379"
+    ));
+    assert!(text.contains("full snapshot at revision"), "{text}");
+    assert!(text.contains("(100%)") && text.contains("/s"), "{text}");
+    plain.stop();
+    let text = on_tty(format!(
+        "{WARDEN} restore --store {store} --data-dir {} --name m1 --etcd {}",
+        dir.path().join("restored").display(),
+        etcd.display()
+    ));
+    assert!(
+        text.contains("downloading v1/full/") && text.contains("ETA"),
+        "{text}"
+    );
+}

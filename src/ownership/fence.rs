@@ -175,9 +175,22 @@ async fn attempt(
         return Ok(Taken::AlreadyFinal(revision));
     }
     step(status, "final snapshot: uploading");
-    let r = full::take_full(&mut client, &store, cfg.backup.compression, true)
-        .await
-        .map_err(|e| crate::telemetry::error_chain(&e))?;
+    let r = full::take_full(
+        &mut client,
+        &store,
+        cfg.backup.compression,
+        true,
+        &crate::telemetry::Progress::to({
+            let status = status.clone();
+            move |what| {
+                if let Some(w) = what {
+                    status.send_modify(|s| s.step = Some(format!("final snapshot: {w}")));
+                }
+            }
+        }),
+    )
+    .await
+    .map_err(|e| crate::telemetry::error_chain(&e))?;
     Ok(Taken::New(SnapInfo {
         key: r.name.key(),
         revision: r.name.last_revision(),

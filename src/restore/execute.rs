@@ -22,22 +22,7 @@ use crate::snapshot::verify::{read_delta, read_full_to_file};
 use crate::store::layout::Kind;
 use crate::store::{Store, StoreError};
 
-/// Where restore progress goes: the warden's restore status (readiness reason and /status), or
-/// nowhere (offline restore logs it instead).
-#[derive(Debug, Clone, Default)]
-pub struct Progress(Option<tokio::sync::watch::Sender<Option<String>>>);
-
-impl Progress {
-    pub fn to(status: tokio::sync::watch::Sender<Option<String>>) -> Self {
-        Self(Some(status))
-    }
-    fn report(&self, what: String) {
-        tracing::info!(progress = %what, "restore");
-        if let Some(tx) = &self.0 {
-            tx.send_replace(Some(what));
-        }
-    }
-}
+pub use crate::telemetry::Progress;
 
 /// What to restore into, with the cluster flags for the restored member.
 #[derive(Debug, Clone)]
@@ -222,8 +207,8 @@ async fn attempt(
     let db = work.join("snapshot.db");
     let t = Instant::now();
     opts.progress
-        .report(format!("downloading and verifying {}", cand.full.key()));
-    let verified = read_full_to_file(store, &cand.full, &db).await?;
+        .step(format!("downloading and verifying {}", cand.full.key()));
+    let verified = read_full_to_file(store, &cand.full, &db, &opts.progress).await?;
     tracing::info!(
         bytes = verified.footer.raw_bytes,
         secs = t.elapsed().as_secs_f64(),
@@ -260,7 +245,7 @@ async fn attempt(
         cmd.arg("--initial-cluster-token").arg(tok);
     }
     opts.progress
-        .report(format!("restoring the full snapshot with {}", tool.display()));
+        .step(format!("restoring the full snapshot with {}", tool.display()));
     let (status, _out, err) = run_to_completion(reaper, &mut cmd)
         .await
         .map_err(|e| format!("run {}: {e}", tool.display()))?;
@@ -308,6 +293,7 @@ async fn apply_deltas(
         .map(|h| h.revision())
         .unwrap_or(0);
     tracing::info!(revision = current, "full snapshot restored; applying deltas");
+    let (replay_started, replay_from) = (Instant::now(), current);
     if let Some(stop) = cand.stop_at
         && current > stop
     {
@@ -416,14 +402,19 @@ async fn apply_deltas(
                 "delta applied"
             );
         }
-        let span = (cand.target_revision - cand.full.last_revision()).max(1);
-        progress.report(format!(
-            "applying deltas: revision {current} of {} ({}%, delta {} of {})",
-            cand.target_revision,
-            ((current - cand.full.last_revision()) * 100 / span).clamp(0, 100),
-            i + 1,
-            cand.deltas.len()
-        ));
+        progress.tick(|| {
+            format!(
+                "applying deltas: {} (revision {current}, delta {} of {})",
+                crate::telemetry::rate_line(
+                    (current - replay_from).max(0) as u64,
+                    Some((cand.target_revision - replay_from).max(0) as u64),
+                    replay_started.elapsed(),
+                    "revisions"
+                ),
+                i + 1,
+                cand.deltas.len()
+            )
+        });
     }
     pipe.finish().await?;
     tracing::info!(

@@ -200,7 +200,14 @@ pub async fn prepare(
 
     set(status, "restoring from the store");
     let opts = RestoreOptions {
-        progress: super::execute::Progress::to(status.clone()),
+        progress: {
+            let status = status.clone();
+            super::execute::Progress::to(move |what| {
+                if what.is_some() {
+                    status.send_replace(what);
+                }
+            })
+        },
         data_dir: data.clone(),
         etcd: cfg.launch.program.clone(),
         tool: None,

@@ -125,6 +125,8 @@ pub struct BackupStatus {
     pub deltas_total: u64,
     pub defrags_total: u64,
     pub last_defrag: Option<DefragInfo>,
+    /// What the loop is doing right now (a full snapshot's progress).
+    pub in_progress: Option<String>,
     /// Failures by kind ("full", "delta", "retention", "store") and bounded reason.
     pub failures_total: BTreeMap<String, u64>,
 }
@@ -149,7 +151,7 @@ enum Outcome {
 
 pub struct Backup {
     cfg: BackupConfig,
-    status: watch::Sender<BackupStatus>,
+    status: std::sync::Arc<watch::Sender<BackupStatus>>,
     child: watch::Receiver<ChildState>,
     health: watch::Receiver<Health>,
     full_rx: mpsc::Receiver<()>,
@@ -182,7 +184,7 @@ impl Backup {
         (
             Self {
                 cfg,
-                status,
+                status: std::sync::Arc::new(status),
                 child,
                 health,
                 full_rx,
@@ -468,7 +470,13 @@ impl Backup {
 
     /// One full snapshot, with status, metrics and retention. `Ok(revision)` on success.
     async fn take_full(&mut self, client: &mut Client, store: &Store) -> Result<i64, ()> {
-        match full::take_full(client, store, self.cfg.compression, false).await {
+        let status = self.status.clone();
+        let progress = crate::telemetry::Progress::to(move |what| {
+            status.send_modify(|s| s.in_progress = what);
+        });
+        let result = full::take_full(client, store, self.cfg.compression, false, &progress).await;
+        progress.done();
+        match result {
             Ok(r) => {
                 let rev = r.name.last_revision();
                 self.succeeded();

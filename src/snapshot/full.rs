@@ -105,6 +105,7 @@ pub async fn take_full(
     store: &Store,
     compression: Compression,
     is_final: bool,
+    progress: &crate::telemetry::Progress,
 ) -> Result<FullResult, SnapshotError> {
     let started = Instant::now();
     let status = client.status().await.map_err(etcd("read the revision"))?;
@@ -152,8 +153,30 @@ pub async fn take_full(
             }
         }
     });
-    let chunks = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    // etcd streams its db file and then the 32-byte sha256 of it.
+    let expected = status.db_size().max(0) as u64 + 32;
+    let mut streamed = 0u64;
+    let chunks = futures_util::StreamExt::inspect(
+        futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)),
+        move |c| {
+            if let Ok(b) = c {
+                streamed += b.len() as u64;
+                progress.tick(|| {
+                    format!(
+                        "full snapshot at revision {revision}: {}",
+                        crate::telemetry::rate_line(streamed, Some(expected), started.elapsed(), "B")
+                    )
+                });
+            }
+        },
+    );
     let result = upload_stream(store, &key, &header, compression, chunks).await;
+    if let Ok((raw, ..)) = &result {
+        progress.update(format!(
+            "full snapshot at revision {revision}: {}",
+            crate::telemetry::rate_line(*raw, Some(expected), started.elapsed(), "B")
+        ));
+    }
     reader.abort();
     let (raw_bytes, sha, writer) = result?;
     let revision_after = client

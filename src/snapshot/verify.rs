@@ -204,12 +204,33 @@ pub async fn read_full_to_file(
     store: &Store,
     name: &SnapshotName,
     path: &std::path::Path,
+    progress: &crate::telemetry::Progress,
 ) -> Result<Verified, String> {
     use std::io::Write;
     let mut file = std::io::BufWriter::new(
         std::fs::File::create(path).map_err(|e| format!("create {}: {e}", path.display()))?,
     );
-    let v = read_verified(store, name, |raw| file.write_all(raw).map_err(|e| e.to_string())).await?;
+    let total = format::read_footer(store.inner.as_ref(), &name.key())
+        .await
+        .map(|f| f.raw_bytes)
+        .ok();
+    let (started, mut done) = (std::time::Instant::now(), 0u64);
+    let line = |done: u64| {
+        format!(
+            "downloading {}: {}",
+            name.key(),
+            crate::telemetry::rate_line(done, total, started.elapsed(), "B")
+        )
+    };
+    let v = read_verified(store, name, |raw| {
+        done += raw.len() as u64;
+        if done > 0 {
+            progress.tick(|| line(done));
+        }
+        file.write_all(raw).map_err(|e| e.to_string())
+    })
+    .await?;
+    progress.update(line(done));
     file.flush().map_err(|e| e.to_string())?;
     Ok(v)
 }

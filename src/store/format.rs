@@ -175,13 +175,17 @@ pub struct Verified {
     pub payload_len: u64,
 }
 
-/// Reads an object from start to end, handing each payload chunk to `sink`, and checks framing
-/// and digest. `sink` sees every payload byte exactly once, in order, before the digest is checked:
-/// callers must not trust what they got until this returns `Ok`.
-pub async fn read_object<F>(store: &dyn ObjectStore, key: &str, mut sink: F) -> Result<Verified, FormatError>
-where
-    F: FnMut(&Header, &[u8]) -> Result<(), String>,
-{
+/// The end of an object: its size, where the payload ends, the payload's length and digest, and
+/// the footer. Two small reads.
+struct Tail {
+    size: u64,
+    payload_end: u64,
+    payload_len: u64,
+    digest: [u8; 32],
+    footer: Footer,
+}
+
+async fn read_tail(store: &dyn ObjectStore, key: &str) -> Result<Tail, FormatError> {
     let corrupt = |reason: String| FormatError::Corrupt {
         key: key.to_owned(),
         reason,
@@ -216,6 +220,43 @@ where
     let footer: Footer = serde_json::from_slice(&footer_bytes)
         .map_err(|e| corrupt(format!("footer is not valid JSON: {e}")))?;
 
+    Ok(Tail {
+        size,
+        payload_end,
+        payload_len,
+        digest,
+        footer,
+    })
+}
+
+/// Reads only an object's footer (e.g. to know the raw size before streaming it).
+pub async fn read_footer(store: &dyn ObjectStore, key: &str) -> Result<Footer, FormatError> {
+    Ok(read_tail(store, key).await?.footer)
+}
+
+/// Reads an object from start to end, handing each payload chunk to `sink`, and checks framing
+/// and digest. `sink` sees every payload byte exactly once, in order, before the digest is checked:
+/// callers must not trust what they got until this returns `Ok`.
+pub async fn read_object<F>(store: &dyn ObjectStore, key: &str, mut sink: F) -> Result<Verified, FormatError>
+where
+    F: FnMut(&Header, &[u8]) -> Result<(), String>,
+{
+    let corrupt = |reason: String| FormatError::Corrupt {
+        key: key.to_owned(),
+        reason,
+    };
+    let read_err = |source| FormatError::Read {
+        key: key.to_owned(),
+        source,
+    };
+    let path = Path::from(key);
+    let Tail {
+        size,
+        payload_end,
+        payload_len,
+        digest,
+        footer,
+    } = read_tail(store, key).await?;
     let mut stream = store
         .get_opts(
             &path,
