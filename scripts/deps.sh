@@ -91,3 +91,24 @@ need_azurite() {
     fi
     python3 -c 'import azure.storage.blob' || die "azure-storage-blob could not be installed"
 }
+
+# A real container for tests/container.rs: Debian's podman run with runc (crun fails on these machines'
+# cgroup layout), musl-tools and rustup's musl target for the static warden, and busybox-static for a
+# shell inside the FROM-scratch test image (scripts/container-image).
+need_podman() {
+    command -v rustup >/dev/null || die "rustup not found: the static warden needs rustup's x86_64-unknown-linux-musl target"
+    local missing=()
+    command -v podman >/dev/null || missing+=(podman)
+    command -v runc >/dev/null || missing+=(runc)
+    command -v musl-gcc >/dev/null || missing+=(musl-tools)
+    dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed" || missing+=(busybox-static)
+    if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+    command -v podman >/dev/null || die "podman still missing after installing it"
+    command -v runc >/dev/null || die "runc still missing after installing it"
+    command -v musl-gcc >/dev/null || die "musl-gcc still missing after installing musl-tools"
+    command -v busybox >/dev/null || die "busybox still missing after installing busybox-static"
+    if ! rustup target list --installed | grep -qx x86_64-unknown-linux-musl; then
+        echo "deps: rustup target add x86_64-unknown-linux-musl" >&2
+        rustup target add x86_64-unknown-linux-musl >&2 || die "rustup could not add the x86_64-unknown-linux-musl target"
+    fi
+}
