@@ -92,6 +92,7 @@ impl Podman {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/container-image");
         let ctx = self.dir.path().join("context");
         let t = Instant::now();
+        self.images.push(tag.to_owned());
         let out = Command::new(&script)
             .arg(&ctx)
             .arg(tag)
@@ -106,7 +107,6 @@ impl Podman {
             script.display(),
             out.status
         );
-        self.images.push(tag.to_owned());
         for line in log.lines().filter(|l| l.starts_with("container-image:")) {
             eprintln!("{line}");
         }
@@ -118,12 +118,14 @@ impl Podman {
     }
 
     fn logs(&self, ctr: &str) -> String {
-        let out = self.cmd().args(["logs", ctr]).output().expect("run podman logs");
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
+        match self.cmd().args(["logs", ctr]).output() {
+            Ok(out) => format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => format!("(podman logs {ctr}: {e})"),
+        }
     }
 }
 
@@ -249,7 +251,8 @@ fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds
     assert_eq!(st["backup"]["healthy"], true, "{st}");
 
     // An orphan: `podman exec` starts a shell from outside the container's PID namespace; the `sleep`
-    // it leaves behind is reparented to the namespace's init, the warden, which must reap it.
+    // it leaves behind is reparented to the namespace's init, the warden. Once adopted it is killed
+    // from the host, and the warden must reap it.
     let warden_host: i32 = podman
         .inspect(&name, "{{.State.Pid}}")
         .parse()
@@ -264,7 +267,7 @@ fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds
         "busybox",
         "sh",
         "-c",
-        "busybox sleep 3 </dev/null >/dev/null 2>&1 & echo $!",
+        "busybox sleep 120 </dev/null >/dev/null 2>&1 & echo $!",
     ]);
     let orphan_ns: i32 = out
         .trim()
@@ -272,7 +275,7 @@ fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds
         .unwrap_or_else(|_| panic!("pid of the orphan, got {out:?}"));
     let orphan = wait_for(
         &format!("the orphan (pid {orphan_ns} in the container) to be adopted by the warden"),
-        Duration::from_secs(3),
+        Duration::from_secs(10),
         || {
             children_of(warden_host)
                 .into_iter()
@@ -280,9 +283,14 @@ fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds
                 .map(|(pid, _, _)| pid)
         },
     );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(orphan),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the orphan");
     wait_for(
-        &format!("the orphan {orphan} to exit and be reaped"),
-        Duration::from_secs(15),
+        &format!("the orphan {orphan} to be reaped by the warden"),
+        Duration::from_secs(10),
         || (!Path::new(&format!("/proc/{orphan}")).exists()).then_some(()),
     );
     let zombies: Vec<_> = children_of(warden_host)
@@ -290,10 +298,10 @@ fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds
         .filter(|(_, state, _)| *state == 'Z')
         .collect();
     assert!(zombies.is_empty(), "zombie children of the warden: {zombies:?}");
-    let st = status(&http);
-    assert!(
-        st["warden"]["orphans_reaped"].as_u64() > Some(reaped),
-        "orphans_reaped did not grow from {reaped}: {st}"
+    wait_for(
+        &format!("warden.orphans_reaped to grow from {reaped}"),
+        Duration::from_secs(5),
+        || (status(&http)["warden"]["orphans_reaped"].as_u64() > Some(reaped)).then_some(()),
     );
 
     // podman stop: SIGTERM to PID 1, a graceful stop of etcd well within the 30 s grace, and the

@@ -8,7 +8,6 @@ mod common;
 
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -46,56 +45,8 @@ fn port_refuses(ip: &str) -> bool {
     TcpStream::connect_timeout(&format!("{ip}:2379").parse().unwrap(), Duration::from_millis(500)).is_err()
 }
 
-/// Writes k000000, k000001, … until a write fails; returns the keys etcd acknowledged.
-fn writer(ip: &str, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<String>> {
-    let ip = ip.to_owned();
-    std::thread::spawn(move || {
-        rt().block_on(async move {
-            let opts = etcd_client::ConnectOptions::new()
-                .with_timeout(Duration::from_secs(2))
-                .with_connect_timeout(Duration::from_secs(2));
-            let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], Some(opts))
-                .await
-                .expect("connect the writer");
-            let mut acked = Vec::new();
-            let mut n = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                let k = format!("k{n:06}");
-                match c.put(k.as_str(), format!("value-{n}"), None).await {
-                    Ok(_) => acked.push(k),
-                    Err(_) => break,
-                }
-                n += 1;
-            }
-            acked
-        })
-    })
-}
-
-/// Restores the newest chain of `store` into a fresh dir, starts etcd on it, returns every key.
 fn keys_in_restored(etcd: &Path, store: &str) -> (Vec<String>, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("restored");
-    let out = Command::new(WARDEN)
-        .args(["restore", "--store", store, "--data-dir"])
-        .arg(&data)
-        .args(["--name", "m1", "--etcd"])
-        .arg(etcd)
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "restore failed: {log}");
-    let ip = unique_ip();
-    let plain = PlainEtcd::start(etcd, &ip, &data, "m1");
-    let keys = etcdctl(&etcdctl_for(etcd), &ip, &["get", "k", "--prefix", "--keys-only"]).unwrap();
-    plain.stop();
-    (
-        keys.lines()
-            .filter(|l| !l.is_empty())
-            .map(str::to_owned)
-            .collect(),
-        log,
-    )
+    keys_after_restore(etcd, store, &[], "k")
 }
 
 #[test]
@@ -115,7 +66,7 @@ fn ownership_flip_under_writes_kills_at_once_final_snapshot_holds_every_acknowle
     let etcd_pid = w.etcd_pid().expect("etcd runs");
 
     let stop = Arc::new(AtomicBool::new(false));
-    let writes = writer(&ip, stop.clone());
+    let writes = acked_writer(&ip, stop.clone(), false);
     wait_for("writes to flow", START, || {
         (etcd_revision(&etcdctl_for(&etcd), &ip) > 200).then_some(())
     });
@@ -259,34 +210,13 @@ fn store_down_at_the_flip_never_delays_the_kill_and_the_final_snapshot_follows_t
         port_refuses(&ip),
         "etcd must stay fenced after the final snapshot"
     );
-    let (keys, _) = keys_in_restored_s3(&etcd, &ip);
+    let (keys, _) = keys_after_restore(
+        &etcd,
+        "s3://backups/etcd",
+        &s3_env(&format!("http://{ip}:5001")),
+        "",
+    );
     assert!(keys.iter().any(|k| k == "before-the-flip"), "{keys:?}");
-}
-
-fn keys_in_restored_s3(etcd: &Path, ip: &str) -> (Vec<String>, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("restored");
-    let out = Command::new(WARDEN)
-        .args(["restore", "--store", "s3://backups/etcd", "--data-dir"])
-        .arg(&data)
-        .args(["--name", "m1", "--etcd"])
-        .arg(etcd)
-        .envs(s3_env(&format!("http://{ip}:5001")))
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "restore failed: {log}");
-    let rip = unique_ip();
-    let plain = PlainEtcd::start(etcd, &rip, &data, "m1");
-    let keys = etcdctl(&etcdctl_for(etcd), &rip, &["get", "", "--prefix", "--keys-only"]).unwrap();
-    plain.stop();
-    (
-        keys.lines()
-            .filter(|l| !l.is_empty())
-            .map(str::to_owned)
-            .collect(),
-        log,
-    )
 }
 
 #[test]

@@ -471,3 +471,90 @@ impl Drop for NotifySocket {
         }
     }
 }
+
+/// Writes k000000, k000001, … to etcd at `ip` until `stop` is set, and returns the keys etcd
+/// acknowledged. `retry`: a failed write is retried (etcd restarting); otherwise the first failure
+/// ends the writer (etcd killed for good).
+pub fn acked_writer(
+    ip: &str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    retry: bool,
+) -> std::thread::JoinHandle<Vec<String>> {
+    let ip = ip.to_owned();
+    std::thread::spawn(move || {
+        rt().block_on(async move {
+            let opts = etcd_client::ConnectOptions::new()
+                .with_timeout(Duration::from_secs(2))
+                .with_connect_timeout(Duration::from_secs(2));
+            let endpoint = format!("http://{ip}:2379");
+            let mut client = None;
+            let mut acked = Vec::new();
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                if client.is_none() {
+                    client = etcd_client::Client::connect([endpoint.as_str()], Some(opts.clone()))
+                        .await
+                        .ok();
+                }
+                let k = format!("k{n:06}");
+                let result = match client.as_mut() {
+                    Some(c) => c.put(k.as_str(), format!("value-{n}"), None).await.map(drop),
+                    None => Err(etcd_client::Error::InvalidArgs("not connected".into())),
+                };
+                match result {
+                    Ok(()) => {
+                        acked.push(k);
+                        n += 1;
+                    }
+                    Err(_) if retry => {
+                        client = None;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(_) => break,
+                }
+            }
+            acked
+        })
+    })
+}
+
+/// Restores the newest chain of `store` (with `envs`, e.g. store credentials), starts etcd on it and
+/// returns every key under `prefix`, sorted, and the restore's log.
+pub fn keys_after_restore(
+    etcd: &Path,
+    store: &str,
+    envs: &[(&str, String)],
+    prefix: &str,
+) -> (Vec<String>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("restored");
+    let out = Command::new(WARDEN)
+        .args(["restore", "--store", store, "--data-dir"])
+        .arg(&data)
+        .args(["--name", "m1", "--etcd"])
+        .arg(etcd)
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "restore failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ip = unique_ip();
+    let plain = PlainEtcd::start(etcd, &ip, &data, "m1");
+    let keys = etcdctl(
+        &etcdctl_for(etcd),
+        &ip,
+        &["get", prefix, "--prefix", "--keys-only"],
+    )
+    .unwrap();
+    plain.stop();
+    let mut keys: Vec<String> = keys
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    keys.sort();
+    (keys, String::from_utf8_lossy(&out.stderr).into_owned())
+}
