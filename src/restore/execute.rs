@@ -59,6 +59,10 @@ pub enum RestoreError {
     NoBackup { url: String, detail: String },
     #[error("every candidate failed: {0}")]
     AllFailed(String),
+    #[error(
+        "{key} is encrypted with age and no identity was given (pass --identity FILE, or --identity-file to run); not falling back to older backups"
+    )]
+    NoIdentity { key: String },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("{what} {path}")]
@@ -132,6 +136,16 @@ pub async fn restore(
             url: store.url.to_string(),
             detail,
         });
+    }
+    // Without the key the newest backups cannot be read; an older plaintext chain would restore
+    // older data than the operator has. Stop instead of falling back.
+    if store.keys.identities.is_empty()
+        && let Some(first) = candidates.first()
+        && let Some(enc) = std::iter::once(&first.full)
+            .chain(first.deltas.iter())
+            .find(|n| n.encryption == crate::store::layout::Encryption::Age)
+    {
+        return Err(RestoreError::NoIdentity { key: enc.key() });
     }
     let stamp = crate::store::layout::format_time(crate::store::layout::now_ms());
     let mut work = opts.data_dir.clone().into_os_string();
@@ -616,8 +630,15 @@ impl PrivateEtcd {
         scratch: bool,
     ) -> Result<Self, String> {
         let log_path = log_path.to_owned();
-        let log =
-            std::fs::File::create(&log_path).map_err(|e| format!("create {}: {e}", log_path.display()))?;
+        // Where its errors go, so that a failed start can say why. Failing to create that file is
+        // the environment's problem, never evidence against the data dir: carry on without it.
+        let log: std::process::Stdio = match std::fs::File::create(&log_path) {
+            Ok(f) => f.into(),
+            Err(e) => {
+                tracing::warn!(path = %log_path.display(), error = %e, "cannot create the private etcd's log; running it without one");
+                std::process::Stdio::null()
+            }
+        };
         let (client_port, peer_port) = (free_port()?, free_port()?);
         let endpoint = format!("http://127.0.0.1:{client_port}");
         let (_, version, _) = run_to_completion(reaper, Command::new(etcd).arg("--version"))

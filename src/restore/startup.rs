@@ -81,13 +81,21 @@ async fn newest_backup(store: &Store) -> Result<Option<i64>, String> {
     Ok(cands.first().map(|c| c.target_revision))
 }
 
-fn aside(data: &Path, why: &str) -> PathBuf {
+/// `<data-dir><suffix>`, in the data dir's parent.
+pub fn beside(data: &Path, suffix: &str) -> PathBuf {
     let mut p = data.as_os_str().to_owned();
-    p.push(format!(
-        ".{why}-{}",
-        crate::store::layout::format_time(crate::store::layout::now_ms())
-    ));
+    p.push(suffix);
     PathBuf::from(p)
+}
+
+fn aside(data: &Path, why: &str) -> PathBuf {
+    beside(
+        data,
+        &format!(
+            ".{why}-{}",
+            crate::store::layout::format_time(crate::store::layout::now_ms())
+        ),
+    )
 }
 
 /// Runs the start-up check; `Err` only for what must stop the warden.
@@ -148,7 +156,9 @@ pub async fn prepare(
     let mut moved = None;
     if !empty {
         set(status, "validating the data dir with a private etcd");
-        let log = std::env::temp_dir().join(format!("etcd-warden-validate-{}.log", std::process::id()));
+        // Beside the data dir: writable wherever the data dir's parent is (a FROM-scratch image
+        // has no /tmp).
+        let log = beside(&data, ".validate.log");
         let check = async {
             let private =
                 PrivateEtcd::start(reaper, &cfg.launch.program, &data, &cfg.etcd.name, &log, false).await?;
