@@ -34,6 +34,10 @@ fn bad_input_exits_64_with_one_line_and_touches_nothing() {
     std::fs::write(&a_file, "not a dir").unwrap();
     let toml = d.join("bad.toml");
     std::fs::write(&toml, "stop-timout = \"5s\"\n").unwrap();
+    let bad_creds = d.join("bad-creds");
+    std::fs::write(&bad_creds, "AWS_ACCESS_KEY_ID\n").unwrap();
+    let short_token = d.join("short-token");
+    std::fs::write(&short_token, "abc\n").unwrap();
     let ip = unique_ip();
     let listen = format!("{ip}:2378");
     let busy_ip = unique_ip();
@@ -174,6 +178,78 @@ fn bad_input_exits_64_with_one_line_and_touches_nothing() {
             ),
             env: vec![],
             want: "TLS file \"/nonexistent/ca.pem\"",
+        },
+        Case {
+            name: "bad full snapshot cron",
+            args: with(&["--full-snapshot-schedule", "every hour"], &[]),
+            env: vec![],
+            want: "--full-snapshot-schedule",
+        },
+        Case {
+            name: "bad defrag cron in env",
+            args: with(&[], &[]),
+            env: vec![("ETCD_WARDEN_DEFRAG_SCHEDULE", "61 * * * *".into())],
+            want: "--defrag-schedule",
+        },
+        Case {
+            name: "bad verify cron",
+            args: with(&["--verify-schedule", "sometimes"], &[]),
+            env: vec![],
+            want: "--verify-schedule",
+        },
+        Case {
+            name: "bad retention",
+            args: with(&["--retention", "last:zero"], &[]),
+            env: vec![],
+            want: "--retention",
+        },
+        Case {
+            name: "bad delta size",
+            args: with(&["--delta-snapshot-max-bytes", "12 parsecs"], &[]),
+            env: vec![],
+            want: "--delta-snapshot-max-bytes",
+        },
+        Case {
+            name: "bad compression",
+            args: with(&["--compression", "lz4"], &[]),
+            env: vec![],
+            want: "lz4",
+        },
+        Case {
+            name: "bad age recipient",
+            args: with(&["--encrypt-to", "age1notakey"], &[]),
+            env: vec![],
+            want: "--encrypt-to: --encrypt-to: \"age1notakey\" is not an age X25519 recipient",
+        },
+        Case {
+            name: "missing recipients file",
+            args: with(&["--encrypt-to-file", "/nonexistent/recipients.txt"], &[]),
+            env: vec![],
+            want: "/nonexistent/recipients.txt",
+        },
+        Case {
+            name: "identity file without a key",
+            args: with(&["--identity-file", toml.to_str().unwrap()], &[]),
+            env: vec![],
+            want: "--identity-file",
+        },
+        Case {
+            name: "admin token too short",
+            args: with(&["--admin-token-file", short_token.to_str().unwrap()], &[]),
+            env: vec![],
+            want: "at least 16 characters",
+        },
+        Case {
+            name: "admin token file missing",
+            args: with(&["--admin-token-file", "/nonexistent/token"], &[]),
+            env: vec![],
+            want: "--admin-token-file: /nonexistent/token",
+        },
+        Case {
+            name: "store credentials not KEY=VALUE",
+            args: with(&["--store-credentials", bad_creds.to_str().unwrap()], &[]),
+            env: vec![],
+            want: "--store-credentials",
         },
         Case {
             name: "owner name without id",

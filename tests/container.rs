@@ -304,7 +304,8 @@ fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds
         || (status(&http)["warden"]["orphans_reaped"].as_u64() > Some(reaped)).then_some(()),
     );
 
-    etcdctl(&etcdctl_for(&etcd35()), &ip, &["put", "survives-a-restart", "1"]).expect("a write through the container's etcd");
+    etcdctl(&etcdctl_for(&etcd35()), &ip, &["put", "survives-a-restart", "1"])
+        .expect("a write through the container's etcd");
     // podman stop: SIGTERM to PID 1, a graceful stop of etcd well within the 30 s grace, and the
     // container exits with etcd's status (etcd re-raises SIGTERM after a clean shutdown: 143).
     let t = Instant::now();
@@ -339,7 +340,12 @@ fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds
     wait_for("ready again after podman start", Duration::from_secs(60), || {
         matches!(http_get(&http, "/readyz"), Some((200, _))).then_some(())
     });
-    let got = etcdctl(&etcdctl_for(&etcd35()), &ip, &["get", "survives-a-restart", "--print-value-only"]).unwrap();
+    let got = etcdctl(
+        &etcdctl_for(&etcd35()),
+        &ip,
+        &["get", "survives-a-restart", "--print-value-only"],
+    )
+    .unwrap();
     assert_eq!(got.trim(), "1");
     let log = podman.logs(&name);
     assert!(
