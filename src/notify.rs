@@ -23,7 +23,10 @@ pub fn status_line(shared: &Shared) -> String {
     let backups = match (backup.healthy, &backup.last_error) {
         (Some(false), Some(e)) => {
             let short: String = e.chars().take(120).collect();
-            format!("; BACKUPS FAILING ({} in a row): {short}", backup.consecutive_failures)
+            format!(
+                "; BACKUPS FAILING ({} in a row): {short}",
+                backup.consecutive_failures
+            )
         }
         _ => String::new(),
     };
