@@ -37,7 +37,7 @@ use crate::restore::startup::{Decision, RestoreStats};
 use crate::signals::SignalEvent;
 use crate::snapshot::backup::{Backup, BackupHandle, BackupStatus, Control};
 use crate::state::Shared;
-use crate::supervisor::{ChildState, Phase, Request, Supervisor};
+use crate::supervisor::{ChildState, Request, Supervisor};
 use crate::telemetry::Heartbeat;
 
 /// Supervises etcd until a stop signal ends it; returns etcd's final exit status.
@@ -181,7 +181,6 @@ pub async fn run(
         fence: fence_tx,
         restores: restores_tx,
         ownership: ownership_rx,
-        child: child_rx,
         recheck,
     };
     let status = terms.run().await;
@@ -207,7 +206,6 @@ struct Terms {
     fence: watch::Sender<FenceStatus>,
     restores: watch::Sender<RestoreStats>,
     ownership: watch::Receiver<OwnershipStatus>,
-    child: watch::Receiver<ChildState>,
     recheck: Arc<Notify>,
     /// The flush before a graceful stop may take at most this long.
     flush_budget: Duration,
@@ -216,7 +214,8 @@ struct Terms {
 /// How serving ended.
 enum Served {
     Exit(ExitStatus),
-    OwnershipLost,
+    /// The kill is requested; the receiver answers once etcd is reaped.
+    OwnershipLost(tokio::sync::oneshot::Receiver<()>),
 }
 
 impl Terms {
@@ -234,11 +233,11 @@ impl Terms {
                 continue;
             }
             let _ = self.requests.send(Request::Start).await;
-            match self.serve().await {
+            let killed = match self.serve().await {
                 Served::Exit(status) => return status,
-                Served::OwnershipLost => {}
-            }
-            if let Some(status) = self.fence().await {
+                Served::OwnershipLost(killed) => killed,
+            };
+            if let Some(status) = self.fence(killed).await {
                 return status;
             }
         }
@@ -396,12 +395,13 @@ impl Terms {
                 biased;
                 _ = self.ownership.changed() => {
                     if !self.may_serve() {
-                        let _ = self.requests.send(Request::Fence).await;
+                        let (tx, killed) = tokio::sync::oneshot::channel();
+                        let _ = self.requests.send(Request::Fence(tx)).await;
                         if *self.stopping.borrow() {
                             tracing::error!("ownership lost during the graceful stop: etcd killed; no final snapshot (the warden is exiting)");
                             continue;
                         }
-                        return Served::OwnershipLost;
+                        return Served::OwnershipLost(killed);
                     }
                 }
                 done = &mut self.supervisor => return Served::Exit(done.unwrap_or(ExitStatus::Code(1))),
@@ -430,7 +430,7 @@ impl Terms {
 
     /// Ownership was lost and the kill is requested: wait for etcd's death, take the final snapshot,
     /// stay fenced until ownership returns. `Some(status)` when the warden is to exit.
-    async fn fence(&mut self) -> Option<ExitStatus> {
+    async fn fence(&mut self, killed: tokio::sync::oneshot::Receiver<()>) -> Option<ExitStatus> {
         let decided = Instant::now();
         self.fence.send_modify(|f| {
             f.fenced_since = Some(SystemTime::now());
@@ -438,11 +438,8 @@ impl Terms {
             f.kills_total += 1;
         });
         // The supervisor has SIGKILLed the group; wait for the reap (the kill itself is not awaited).
-        let mut child = self.child.clone();
-        let reaped = child
-            .wait_for(|c| matches!(c.phase, Phase::Fenced | Phase::Stopped | Phase::Idle))
-            .await
-            .is_ok();
+        // Its answer, not the phase seen now (which may be stale), says no etcd of ours is left.
+        let reaped = killed.await.is_ok();
         let kill_s = decided.elapsed().as_secs_f64();
         tracing::warn!(
             reaped,

@@ -373,3 +373,60 @@ fn stop_while_fenced_exits_cleanly_without_starting_etcd() {
     let (keys, _) = keys_in_restored(&etcd, &store);
     assert_eq!(keys, vec!["k-on-3.4".to_owned()]);
 }
+
+#[test]
+fn flapping_ownership_never_runs_two_etcds_on_the_data_dir_and_loses_nothing() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dns = DnsServer::start(&ip);
+    dns.set_owner(OWNER, "host-a");
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let mut opts = owner_opts(&dns, "100ms");
+    opts.extend(["--store", store.as_str(), "--delta-snapshot-period", "200ms"]);
+    let w = Warden::start(&ip, &opts, &argv(&etcd, &ip, &dir.path().join("data")));
+    w.wait_ready(START);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = acked_writer(&ip, stop.clone(), true);
+    // Flip every 150-350 ms for about 6 s: kills, final snapshots and restarts overlap.
+    let t = Instant::now();
+    let mut flips = 0;
+    while t.elapsed() < Duration::from_secs(6) {
+        dns.set_owner(OWNER, if flips % 2 == 0 { "host-b" } else { "host-a" });
+        flips += 1;
+        std::thread::sleep(Duration::from_millis(150 + 50 * (flips % 5)));
+    }
+    dns.set_owner(OWNER, "host-a");
+    w.wait_ready(Duration::from_secs(60));
+    // The writer makes progress again on the settled owner before it stops.
+    let rev = etcd_revision(&etcdctl_for(&etcd), &ip);
+    wait_for("writes after the flapping", START, || {
+        (etcd_revision(&etcdctl_for(&etcd), &ip) > rev + 10).then_some(())
+    });
+    stop.store(true, Ordering::SeqCst);
+    let acked = writes.join().unwrap();
+    let live = etcdctl(&etcdctl_for(&etcd), &ip, &["get", "k", "--prefix", "--keys-only"]).unwrap();
+    let mut live: Vec<String> = live
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    live.sort();
+    let missing: Vec<_> = acked.iter().filter(|k| live.binary_search(k).is_err()).collect();
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged writes lost across {flips} flips",
+        missing.len()
+    );
+    let log = w.log_text();
+    assert!(!log.contains("panic"), "etcd panicked during the flapping");
+    assert!(
+        !log.contains("the private etcd exited at start"),
+        "a private etcd found the data dir in use: two etcds at once"
+    );
+    let s = w.status();
+    assert!(
+        s["ownership"]["fence"]["kills_total"].as_u64().unwrap() >= 2,
+        "{s}"
+    );
+}

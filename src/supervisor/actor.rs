@@ -19,12 +19,14 @@ use crate::pid1::{ExitStatus, Reaper, Spawned};
 use crate::telemetry::Heartbeat;
 
 /// What the rest of the warden may ask of the etcd child.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Request {
     /// Start etcd: the first time, or again after a fence.
     Start,
-    /// Ownership lost: SIGKILL etcd's process group now and keep it down.
-    Fence,
+    /// Ownership lost: SIGKILL etcd's process group now and keep it down. The reply comes once
+    /// no etcd of this supervisor runs any more (reaped), so nothing else may touch the data dir
+    /// before it.
+    Fence(tokio::sync::oneshot::Sender<()>),
     /// Graceful stop (a second one escalates to SIGKILL).
     Stop,
     /// Pass a signal on to etcd.
@@ -69,6 +71,8 @@ pub struct Supervisor {
     child: Option<Spawned>,
     restart_at: Option<tokio::time::Instant>,
     kill_at: Option<tokio::time::Instant>,
+    /// Fence requests waiting for etcd to be gone.
+    fenced_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Supervisor {
@@ -88,6 +92,7 @@ impl Supervisor {
             child: None,
             restart_at: None,
             kill_at: None,
+            fenced_waiters: Vec::new(),
         }
     }
 
@@ -100,8 +105,10 @@ impl Supervisor {
             if let Some(ev) = event.take()
                 && let Some(status) = self.step(ev)
             {
+                self.release_fenced();
                 return status;
             }
+            self.release_fenced();
             let exit = async {
                 match self.child.as_mut() {
                     Some(child) => (&mut child.exit).await.ok(),
@@ -113,7 +120,10 @@ impl Supervisor {
                 status = exit => Some(Event::Exited(status.unwrap_or(ExitStatus::Code(-1)))),
                 Some(req) = requests.recv() => match req {
                     Request::Start => Some(Event::Start),
-                    Request::Fence => Some(Event::Fence),
+                    Request::Fence(reply) => {
+                        self.fenced_waiters.push(reply);
+                        Some(Event::Fence)
+                    }
                     Request::Stop => Some(Event::Stop),
                     Request::Forward(sig) => {
                         self.signal_child(sig, false);
@@ -181,6 +191,17 @@ impl Supervisor {
             self.publish();
         }
         None
+    }
+
+    /// Answers fence requests once no etcd of ours is alive.
+    fn release_fenced(&mut self) {
+        if self.child.is_none()
+            && matches!(self.machine.phase(), Phase::Fenced | Phase::Idle | Phase::Stopped)
+        {
+            for w in self.fenced_waiters.drain(..) {
+                let _ = w.send(());
+            }
+        }
     }
 
     fn spawn(&mut self) -> Result<(), Event> {
