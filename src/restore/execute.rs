@@ -18,7 +18,7 @@ use thiserror::Error;
 use super::plan::{self, Candidate, Target};
 use crate::pid1::{ExitStatus, Reaper, run_to_completion};
 use crate::snapshot::delta_codec::{EventType, Record};
-use crate::snapshot::verify::{fetch_object, read_delta, read_full_to_file};
+use crate::snapshot::verify::{read_delta, read_full_to_file};
 use crate::store::layout::Kind;
 use crate::store::{Store, StoreError};
 
@@ -324,17 +324,16 @@ async fn apply_deltas(
         .unwrap_or_default();
     let mut last_keepalive = Instant::now();
     let mut pipe = Pipeline::new(client.kv_client(), current);
-    let mut prefetch: Option<tokio::task::JoinHandle<Result<Store, String>>> = None;
+    let mut prefetch: Option<tokio::task::JoinHandle<Result<Vec<Record>, String>>> = None;
     for (i, delta) in cand.deltas.iter().enumerate() {
         let records = match prefetch.take() {
-            Some(h) => read_delta(&h.await.map_err(|e| e.to_string())??, delta).await?,
+            Some(h) => h.await.map_err(|e| e.to_string())??,
             None => read_delta(store, delta).await?,
         };
-        // Download the next delta while this one is applied; it is decoded (and verified) when
-        // its turn comes, so memory holds one decoded delta and one stored one.
+        // Fetch the next delta while this one is applied.
         if let Some(next) = cand.deltas.get(i + 1) {
             let (store, next) = (store.clone(), *next);
-            prefetch = Some(tokio::spawn(async move { fetch_object(&store, &next).await }));
+            prefetch = Some(tokio::spawn(async move { read_delta(&store, &next).await }));
         }
         for rec in records {
             match rec {

@@ -199,26 +199,6 @@ pub async fn read_delta(store: &Store, name: &SnapshotName) -> Result<Vec<Record
     }
 }
 
-/// Downloads one object as stored (compressed, maybe encrypted) into an in-memory store that
-/// `read_delta` reads like any other, verifying it then. A restore prefetches the next delta this
-/// way: the stored bytes are a fraction of the decoded records, so holding them costs little.
-pub async fn fetch_object(store: &Store, name: &SnapshotName) -> Result<Store, String> {
-    use object_store::ObjectStoreExt;
-    let key = object_store::path::Path::from(name.key());
-    let bytes = async { store.inner.get(&key).await?.bytes().await }
-        .await
-        .map_err(|e| format!("download {}: {e}", name.key()))?;
-    let mem = object_store::memory::InMemory::new();
-    mem.put(&key, bytes.into())
-        .await
-        .map_err(|e| format!("hold {} in memory: {e}", name.key()))?;
-    Ok(Store {
-        url: store.url.clone(),
-        inner: std::sync::Arc::new(mem),
-        keys: store.keys.clone(),
-    })
-}
-
 /// Writes a full snapshot's etcd stream (database + sha256) to `path`, verified.
 pub async fn read_full_to_file(
     store: &Store,
