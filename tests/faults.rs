@@ -141,7 +141,11 @@ fn port_free(ip: &str) -> bool {
 
 #[test]
 fn etcd_sigkilled_50_times_under_writes_is_respawned_and_loses_no_acknowledged_write() {
-    let etcd = etcd35();
+    // etcd 3.4: etcd 3.5.0–3.5.2 can lose acknowledged writes when SIGKILLed under load (its
+    // consistent index could be persisted ahead of the data; etcd-io/etcd#13766, fixed in 3.5.3).
+    // This suite caught 3.5.1 losing one write in 1 540 after 50 kills. The warden cannot repair
+    // that; run etcd 3.4 or ≥ 3.5.3.
+    let etcd = etcd34();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let (w, store) = warden_with_file_store(
@@ -154,9 +158,9 @@ fn etcd_sigkilled_50_times_under_writes_is_respawned_and_loses_no_acknowledged_w
     let writes = acked_writer(&ip, stop.clone(), true);
     let mut last = w.etcd_pid().unwrap();
     for n in 0..50 {
-        wait_for(&format!("writes between kills ({n})"), START, || {
-            (w.get("/readyz").is_some_and(|(c, _)| c == 200) && etcd_revision(&etcdctl_for(&etcd), &ip) > 0)
-                .then_some(())
+        // Ready means etcd answered a linearizable read: it serves the writer again.
+        wait_for(&format!("etcd serving between kills ({n})"), START, || {
+            w.get("/readyz").is_some_and(|(c, _)| c == 200).then_some(())
         });
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(last), Signal::SIGKILL).unwrap();
         last = wait_for(&format!("respawn {n}"), START, || {
