@@ -38,21 +38,6 @@ fn verify_store(store: &str, envs: &[(&str, String)]) -> String {
     text
 }
 
-/// Every acknowledged key must be in the restored data.
-fn assert_none_lost(acked: &[String], restored: &[String], what: &str) {
-    let missing: Vec<_> = acked
-        .iter()
-        .filter(|k| restored.binary_search(k).is_err())
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "{what}: {} of {} acknowledged writes lost, e.g. {:?}",
-        missing.len(),
-        acked.len(),
-        &missing[..missing.len().min(5)]
-    );
-}
-
 #[test]
 fn warden_sigkilled_mid_upload_20_times_leaves_no_partial_object_and_every_backup_restores() {
     let etcd = etcd35();
@@ -174,14 +159,7 @@ fn etcd_sigkilled_50_times_under_writes_is_respawned_and_loses_no_acknowledged_w
     let s = w.status();
     assert!(s["etcd"]["restarts"].as_u64().unwrap() >= 50, "{s}");
     // In the live etcd …
-    let live = etcdctl(&etcdctl_for(&etcd), &ip, &["get", "k", "--prefix", "--keys-only"]).unwrap();
-    let mut live: Vec<String> = live
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect();
-    live.sort();
-    assert_none_lost(&acked, &live, "live etcd after 50 SIGKILLs");
+    assert_none_lost(&acked, &live_keys(&etcd, &ip, "k"), "live etcd after 50 SIGKILLs");
     // … and in the store, once the last delta is flushed.
     w.signal(Signal::SIGUSR2);
     let rev = etcd_revision(&etcdctl_for(&etcd), &ip);
@@ -279,14 +257,11 @@ fn data_dir_filesystem_full_gives_clear_errors_and_loses_no_acknowledged_write()
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     w.wait_ready(Duration::from_secs(60));
     let ctl = etcdctl_for(&etcd);
-    let live = etcdctl(&ctl, &ip, &["get", "k", "--prefix", "--keys-only"]).unwrap();
-    let mut live: Vec<String> = live
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect();
-    live.sort();
-    assert_none_lost(&acked, &live, "etcd after the disk filled up and space came back");
+    assert_none_lost(
+        &acked,
+        &live_keys(&etcd, &ip, "k"),
+        "etcd after the disk filled up and space came back",
+    );
     let rev = etcd_revision(&ctl, &ip);
     w.signal(Signal::SIGUSR2);
     wait_for("the store to catch up", START, || {

@@ -41,6 +41,26 @@ fn owner_opts<'a>(dns: &'a DnsServer, interval: &'a str) -> Vec<&'a str> {
     ]
 }
 
+/// A warden checking ownership at `dns` every `interval`, with a file store in `dir/store` and
+/// etcd's data in `dir/data`; `extra` adds options. The builder (for env) and the store URL.
+fn owner_warden(
+    etcd: &Path,
+    ip: &str,
+    dns: &DnsServer,
+    interval: &str,
+    dir: &Path,
+    extra: &[&str],
+) -> (WardenBuilder, String) {
+    let store = format!("file://{}", dir.join("store").display());
+    let mut opts = owner_opts(dns, interval);
+    opts.extend(["--store", store.as_str()]);
+    opts.extend_from_slice(extra);
+    (
+        Warden::builder(ip, &opts, &argv(etcd, ip, &dir.join("data"))),
+        store,
+    )
+}
+
 fn port_refuses(ip: &str) -> bool {
     TcpStream::connect_timeout(&format!("{ip}:2379").parse().unwrap(), Duration::from_millis(500)).is_err()
 }
@@ -56,10 +76,15 @@ fn ownership_flip_under_writes_kills_at_once_final_snapshot_holds_every_acknowle
     let dns = DnsServer::start(&ip);
     dns.set_owner(OWNER, "host-a");
     let dir = tempfile::tempdir().unwrap();
-    let store = format!("file://{}", dir.path().join("store").display());
-    let mut opts = owner_opts(&dns, "200ms");
-    opts.extend(["--store", store.as_str(), "--delta-snapshot-period", "200ms"]);
-    let w = Warden::start(&ip, &opts, &argv(&etcd, &ip, &dir.path().join("data")));
+    let (w, store) = owner_warden(
+        &etcd,
+        &ip,
+        &dns,
+        "200ms",
+        dir.path(),
+        &["--delta-snapshot-period", "200ms"],
+    );
+    let w = w.spawn();
     w.wait_ready(START);
     let s = w.status();
     assert_eq!(s["ownership"]["state"], "owner", "{s}");
@@ -124,13 +149,7 @@ fn ownership_flip_under_writes_kills_at_once_final_snapshot_holds_every_acknowle
 
     // Every acknowledged write is in the final snapshot.
     let (keys, log) = keys_in_restored(&etcd, &store);
-    let missing: Vec<_> = acked.iter().filter(|k| keys.binary_search(k).is_err()).collect();
-    assert!(
-        missing.is_empty(),
-        "{} acknowledged writes missing from the final snapshot, e.g. {:?}\n{log}",
-        missing.len(),
-        &missing[..missing.len().min(5)]
-    );
+    assert_none_lost(&acked, &keys, &format!("the final snapshot\n{log}"));
     assert!(
         log.contains(&final_key),
         "the restore did not use the final snapshot {final_key}: {log}"
@@ -226,15 +245,8 @@ fn dns_timeouts_and_errors_never_kill_a_confirmed_owner() {
     let dns = DnsServer::start(&ip);
     dns.set_owner(OWNER, "host-a");
     let dir = tempfile::tempdir().unwrap();
-    let (w, _) = {
-        let opts = owner_opts(&dns, "200ms");
-        let store = format!("file://{}", dir.path().join("store").display());
-        let mut o = opts.clone();
-        o.extend(["--store", store.as_str()]);
-        let w = Warden::start(&ip, &o, &argv(&etcd, &ip, &dir.path().join("data")));
-        w.wait_ready(START);
-        (w, store)
-    };
+    let w = owner_warden(&etcd, &ip, &dns, "200ms", dir.path(), &[]).0.spawn();
+    w.wait_ready(START);
     let etcd_pid = w.etcd_pid().unwrap();
     for (what, change) in [
         ("timeouts", Answer::Silence),
@@ -288,11 +300,8 @@ fn never_the_owner_never_serves_and_sighup_rechecks() {
     dns.set_owner(OWNER, "host-b");
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
-    let store = format!("file://{}", store_dir.display());
     // An hour between checks: every check after the first comes from SIGHUP.
-    let mut opts = owner_opts(&dns, "1h");
-    opts.extend(["--store", store.as_str()]);
-    let w = Warden::start(&ip, &opts, &argv(&etcd, &ip, &dir.path().join("data")));
+    let w = owner_warden(&etcd, &ip, &dns, "1h", dir.path(), &[]).0.spawn();
     wait_for("the first check", START, || {
         let (_, body) = w.get("/status")?;
         let s: serde_json::Value = serde_json::from_str(&body).ok()?;
@@ -350,13 +359,9 @@ fn stop_while_fenced_exits_cleanly_without_starting_etcd() {
     let dns = DnsServer::start(&ip);
     dns.set_owner(OWNER, "host-a");
     let dir = tempfile::tempdir().unwrap();
-    let store = format!("file://{}", dir.path().join("store").display());
-    let mut opts = owner_opts(&dns, "200ms");
-    opts.extend(["--store", store.as_str()]);
     let notify = NotifySocket::bind(dir.path());
-    let mut w = Warden::builder(&ip, &opts, &argv(&etcd, &ip, &dir.path().join("data")))
-        .env("NOTIFY_SOCKET", notify.path.to_str().unwrap())
-        .spawn();
+    let (w, store) = owner_warden(&etcd, &ip, &dns, "200ms", dir.path(), &[]);
+    let mut w = w.env("NOTIFY_SOCKET", notify.path.to_str().unwrap()).spawn();
     w.wait_ready(START);
     etcdctl(&etcdctl_for(&etcd), &ip, &["put", "k-on-3.4", "1"]).unwrap();
     dns.set_owner(OWNER, "host-b");
@@ -381,10 +386,16 @@ fn flapping_ownership_never_runs_two_etcds_on_the_data_dir_and_loses_nothing() {
     let dns = DnsServer::start(&ip);
     dns.set_owner(OWNER, "host-a");
     let dir = tempfile::tempdir().unwrap();
-    let store = format!("file://{}", dir.path().join("store").display());
-    let mut opts = owner_opts(&dns, "100ms");
-    opts.extend(["--store", store.as_str(), "--delta-snapshot-period", "200ms"]);
-    let w = Warden::start(&ip, &opts, &argv(&etcd, &ip, &dir.path().join("data")));
+    let w = owner_warden(
+        &etcd,
+        &ip,
+        &dns,
+        "100ms",
+        dir.path(),
+        &["--delta-snapshot-period", "200ms"],
+    )
+    .0
+    .spawn();
     w.wait_ready(START);
     let stop = Arc::new(AtomicBool::new(false));
     let writes = acked_writer(&ip, stop.clone(), true);
@@ -405,18 +416,10 @@ fn flapping_ownership_never_runs_two_etcds_on_the_data_dir_and_loses_nothing() {
     });
     stop.store(true, Ordering::SeqCst);
     let acked = writes.join().unwrap();
-    let live = etcdctl(&etcdctl_for(&etcd), &ip, &["get", "k", "--prefix", "--keys-only"]).unwrap();
-    let mut live: Vec<String> = live
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect();
-    live.sort();
-    let missing: Vec<_> = acked.iter().filter(|k| live.binary_search(k).is_err()).collect();
-    assert!(
-        missing.is_empty(),
-        "{} acknowledged writes lost across {flips} flips",
-        missing.len()
+    assert_none_lost(
+        &acked,
+        &live_keys(&etcd, &ip, "k"),
+        &format!("after {flips} flips"),
     );
     let log = w.log_text();
     assert!(!log.contains("panic"), "etcd panicked during the flapping");

@@ -543,18 +543,32 @@ pub fn keys_after_restore(
     );
     let ip = unique_ip();
     let plain = PlainEtcd::start(etcd, &ip, &data, "m1");
-    let keys = etcdctl(
+    let keys = live_keys(etcd, &ip, prefix);
+    plain.stop();
+    (keys, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Every key under `prefix` in the etcd at `ip`, sorted.
+pub fn live_keys(etcd: &Path, ip: &str, prefix: &str) -> Vec<String> {
+    let out = etcdctl(
         &etcdctl_for(etcd),
-        &ip,
+        ip,
         &["get", prefix, "--prefix", "--keys-only"],
     )
     .unwrap();
-    plain.stop();
-    let mut keys: Vec<String> = keys
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let mut keys: Vec<String> = out.lines().filter(|l| !l.is_empty()).map(str::to_owned).collect();
     keys.sort();
-    (keys, String::from_utf8_lossy(&out.stderr).into_owned())
+    keys
+}
+
+/// Every acknowledged key must be in `found` (sorted).
+pub fn assert_none_lost(acked: &[String], found: &[String], what: &str) {
+    let missing: Vec<_> = acked.iter().filter(|k| found.binary_search(k).is_err()).collect();
+    assert!(
+        missing.is_empty(),
+        "{what}: {} of {} acknowledged writes lost, e.g. {:?}",
+        missing.len(),
+        acked.len(),
+        &missing[..missing.len().min(5)]
+    );
 }
