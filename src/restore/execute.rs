@@ -15,11 +15,13 @@ use std::time::{Duration, Instant, SystemTime};
 use etcd_client::{Client, Compare, CompareOp, LeaseGrantOptions, Txn, TxnOp};
 use thiserror::Error;
 
+use super::bolt::BoltError;
+use super::mvcc::MvccFile;
 use super::plan::{self, Candidate, Target};
 use crate::pid1::{ExitStatus, Reaper, run_to_completion};
-use crate::snapshot::delta_codec::{EventType, Record};
+use crate::snapshot::delta_codec::{EventType, Record, Revision};
 use crate::snapshot::verify::{read_delta, read_full_to_file};
-use crate::store::layout::Kind;
+use crate::store::layout::{Kind, SnapshotName};
 use crate::store::{Store, StoreError};
 
 pub use crate::telemetry::Progress;
@@ -272,9 +274,21 @@ async fn attempt(
     }
     let _ = std::fs::remove_file(&db);
 
-    let needs_private = !cand.deltas.is_empty() || cand.stop_at.is_some();
-    if !needs_private {
+    let needs_deltas = !cand.deltas.is_empty() || cand.stop_at.is_some();
+    if !needs_deltas {
         return Ok((cand.full.last_revision(), 0));
+    }
+    let db = data.join("member").join("snap").join("db");
+    if std::env::var_os(REPLAY_THROUGH_ETCD).is_some() {
+        tracing::info!("{REPLAY_THROUGH_ETCD} is set: replaying the deltas through a private etcd");
+    } else {
+        match MvccFile::open(&db) {
+            Ok(file) => return write_deltas(store, file, cand, &opts.progress).await,
+            // Checked before anything is written: the replay below still works on the file.
+            Err(e) => {
+                tracing::warn!(error = %e, db = %db.display(), "cannot write the deltas into the restored db directly; replaying them through a private etcd")
+            }
+        }
     }
     let private = PrivateEtcd::start(
         reaper,
@@ -289,6 +303,166 @@ async fn attempt(
     private.stop().await;
     let (revision, applied) = result?;
     sync_tree(&data);
+    Ok((revision, applied))
+}
+
+/// Set (to anything) to replay deltas through a private etcd instead of writing them into the
+/// restored db directly: the slower path, kept as the fallback and for comparison.
+pub const REPLAY_THROUGH_ETCD: &str = "ETCD_WARDEN_RESTORE_THROUGH_ETCD";
+
+enum Step {
+    /// Already in the full snapshot (or an overlapping delta).
+    Skip,
+    /// Past the point-in-time target.
+    Stop,
+    Apply,
+}
+
+/// What to do with revision `r` when the member is at `current`.
+fn step(r: &Revision, current: i64, cand: &Candidate, delta: &SnapshotName) -> Result<Step, String> {
+    if r.revision <= current {
+        return Ok(Step::Skip);
+    }
+    if cand.stop_at.is_some_and(|s| r.revision > s) {
+        return Ok(Step::Stop);
+    }
+    if r.revision != current + 1 {
+        return Err(format!(
+            "revision {} does not follow {current} in {}",
+            r.revision,
+            delta.key()
+        ));
+    }
+    if r.events.is_empty() {
+        return Err(format!(
+            "revision {} has no events in {}",
+            r.revision,
+            delta.key()
+        ));
+    }
+    Ok(Step::Apply)
+}
+
+/// The next delta's records, fetched while the current one is applied.
+type Prefetch = Option<tokio::task::JoinHandle<Result<Vec<Record>, String>>>;
+
+async fn next_records(
+    store: &Store,
+    cand: &Candidate,
+    i: usize,
+    prefetch: &mut Prefetch,
+) -> Result<Vec<Record>, String> {
+    let records = match prefetch.take() {
+        Some(h) => h.await.map_err(|e| e.to_string())??,
+        None => read_delta(store, &cand.deltas[i]).await?,
+    };
+    if let Some(next) = cand.deltas.get(i + 1) {
+        let (store, next) = (store.clone(), *next);
+        *prefetch = Some(tokio::spawn(async move { read_delta(&store, &next).await }));
+    }
+    Ok(records)
+}
+
+fn replay_progress(
+    progress: &Progress,
+    cand: &Candidate,
+    i: usize,
+    from: i64,
+    current: i64,
+    started: Instant,
+) {
+    progress.tick(|| {
+        format!(
+            "applying deltas: {} (revision {current}, delta {} of {})",
+            crate::telemetry::rate_line(
+                (current - from).max(0) as u64,
+                Some((cand.target_revision - from).max(0) as u64),
+                started.elapsed(),
+                "revisions"
+            ),
+            i + 1,
+            cand.deltas.len()
+        )
+    });
+}
+
+/// Writes the deltas' revisions into the restored db file (see `mvcc`): no etcd runs, each
+/// delta's records are written on a blocking thread while the next one downloads.
+async fn write_deltas(
+    store: &Store,
+    mut file: MvccFile,
+    cand: &Candidate,
+    progress: &Progress,
+) -> Result<(i64, u64), String> {
+    let (started, from) = (Instant::now(), file.revision());
+    tracing::info!(
+        revision = from,
+        "full snapshot restored; writing the deltas into its db"
+    );
+    if let Some(stop) = cand.stop_at
+        && from > stop
+    {
+        return Err(format!(
+            "the full snapshot already holds revision {from}, past the target {stop}"
+        ));
+    }
+    let mut prefetch: Prefetch = None;
+    let mut applied = 0u64;
+    'deltas: for (i, delta) in cand.deltas.iter().enumerate() {
+        let records = next_records(store, cand, i, &mut prefetch).await?;
+        let mut todo = Vec::with_capacity(records.len());
+        let mut stop = false;
+        let mut current = file.revision();
+        for rec in records {
+            if let Record::Revision(r) = &rec {
+                match step(r, current, cand, delta)? {
+                    Step::Skip => continue,
+                    Step::Stop => {
+                        stop = true;
+                        break;
+                    }
+                    Step::Apply => current = r.revision,
+                }
+            }
+            todo.push(rec);
+        }
+        let (back, result) = tokio::task::spawn_blocking(move || {
+            let mut n = 0u64;
+            let result = todo.iter().try_for_each(|rec| {
+                match rec {
+                    Record::Lease(l) => file.add_lease(l.id, l.granted_ttl),
+                    Record::Revision(r) => {
+                        file.apply(r)?;
+                        n += 1;
+                    }
+                }
+                Ok::<_, BoltError>(())
+            });
+            (file, result.map(|()| n))
+        })
+        .await
+        .map_err(|e| format!("write deltas: {e}"))?;
+        file = back;
+        applied += result.map_err(|e| format!("write {} into the restored db: {e}", delta.key()))?;
+        replay_progress(progress, cand, i, from, file.revision(), started);
+        if stop {
+            break 'deltas;
+        }
+    }
+    if let Some(h) = prefetch {
+        h.abort();
+    }
+    let revision = file.revision();
+    tokio::task::spawn_blocking(move || file.commit())
+        .await
+        .map_err(|e| format!("commit the restored db: {e}"))?
+        .map_err(|e| format!("commit the restored db: {e}"))?;
+    tracing::info!(
+        revisions = applied,
+        revision,
+        secs = started.elapsed().as_secs_f64(),
+        "deltas written into the restored db"
+    );
     Ok((revision, applied))
 }
 
@@ -324,17 +498,9 @@ async fn apply_deltas(
         .unwrap_or_default();
     let mut last_keepalive = Instant::now();
     let mut pipe = Pipeline::new(client.kv_client(), current);
-    let mut prefetch: Option<tokio::task::JoinHandle<Result<Vec<Record>, String>>> = None;
+    let mut prefetch: Prefetch = None;
     for (i, delta) in cand.deltas.iter().enumerate() {
-        let records = match prefetch.take() {
-            Some(h) => h.await.map_err(|e| e.to_string())??,
-            None => read_delta(store, delta).await?,
-        };
-        // Fetch the next delta while this one is applied.
-        if let Some(next) = cand.deltas.get(i + 1) {
-            let (store, next) = (store.clone(), *next);
-            prefetch = Some(tokio::spawn(async move { read_delta(&store, &next).await }));
-        }
+        let records = next_records(store, cand, i, &mut prefetch).await?;
         for rec in records {
             match rec {
                 Record::Lease(l) => {
@@ -355,20 +521,13 @@ async fn apply_deltas(
                     }
                 }
                 Record::Revision(r) => {
-                    if r.revision <= pipe.enqueued {
-                        continue; // already in the full snapshot (or an overlapping delta)
-                    }
-                    if cand.stop_at.is_some_and(|s| r.revision > s) {
-                        pipe.finish().await?;
-                        return Ok((pipe.applied_rev, pipe.applied));
-                    }
-                    if r.revision != pipe.enqueued + 1 {
-                        return Err(format!(
-                            "revision {} does not follow {} in {}",
-                            r.revision,
-                            pipe.enqueued,
-                            delta.key()
-                        ));
+                    match step(&r, pipe.enqueued, cand, delta)? {
+                        Step::Skip => continue,
+                        Step::Stop => {
+                            pipe.finish().await?;
+                            return Ok((pipe.applied_rev, pipe.applied));
+                        }
+                        Step::Apply => {}
                     }
                     let ops: Vec<TxnOp> = r
                         .events
@@ -382,13 +541,6 @@ async fn apply_deltas(
                             EventType::Delete => TxnOp::delete(e.key.clone(), None),
                         })
                         .collect();
-                    if r.events.is_empty() {
-                        return Err(format!(
-                            "revision {} has no events in {}",
-                            r.revision,
-                            delta.key()
-                        ));
-                    }
                     // The next transaction may only apply after this one: a key this revision puts
                     // carries it as mod_revision exactly then. A delete-only revision has no such
                     // proof (a key can also be absent because an earlier put was not applied yet),
@@ -416,19 +568,7 @@ async fn apply_deltas(
                 "delta applied"
             );
         }
-        progress.tick(|| {
-            format!(
-                "applying deltas: {} (revision {current}, delta {} of {})",
-                crate::telemetry::rate_line(
-                    (current - replay_from).max(0) as u64,
-                    Some((cand.target_revision - replay_from).max(0) as u64),
-                    replay_started.elapsed(),
-                    "revisions"
-                ),
-                i + 1,
-                cand.deltas.len()
-            )
-        });
+        replay_progress(progress, cand, i, replay_from, current, replay_started);
     }
     pipe.finish().await?;
     tracing::info!(
