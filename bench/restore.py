@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """Restore benchmark: a full snapshot of a ~1 GiB DB plus ~100,000 delta revisions, restored by
 `etcd-warden restore`, against `etcdutl snapshot restore` of a snapshot of the same final DB, in
-the same run (A B A B, medians). Peak RSS and wall time from GNU time.
+the same run (A B A B, medians); plus one restore with the deltas replayed through a private etcd
+(the fallback path) for comparison. Peak RSS and wall time from GNU time. Each warden restore is
+checked: etcd started on it must report the original's revision and HashKV (a hash over the bytes
+of every stored revision).
 
-Usage: bench/restore.py --etcd PATH [--mib 1024] [--revisions 100000] [--rounds 2]
+Usage: bench/restore.py --etcd PATH [--mib 1024] [--revisions 100000] [--rounds 2] [--no-replay]
+                        [--keep DIR]   (prepare the store in DIR once and reuse it on later runs)
 """
 import argparse
 import json
@@ -64,6 +68,12 @@ def status():
         return json.loads(r.read())
 
 
+def hashkv(ctl, rev):
+    p = subprocess.run([ctl, f"--endpoints=http://{IP}:2379", "endpoint", "hashkv", f"--rev={rev}", "-w", "json"],
+                       env=dict(os.environ, ETCDCTL_API="3"), capture_output=True, text=True, check=True)
+    return json.loads(p.stdout)[0]["HashKV"]["hash"]
+
+
 def poll(what, f, timeout=600):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -84,9 +94,17 @@ def main():
     ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--revisions", type=int, default=100000)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--no-replay", action="store_true", help="skip the through-etcd comparison")
+    ap.add_argument("--keep", help="a directory to prepare the data in once, and to reuse")
     a = ap.parse_args()
     bindir = os.path.dirname(a.etcd)
-    tmp = tempfile.mkdtemp(prefix="warden-restore-", dir="/var/tmp")
+    ctl = os.path.join(bindir, "etcdctl")
+    if a.keep:
+        tmp = os.path.abspath(a.keep)
+        os.makedirs(tmp, exist_ok=True)
+    else:
+        tmp = tempfile.mkdtemp(prefix="warden-restore-", dir="/var/tmp")
+    prepared = os.path.join(tmp, "prepared.json")
     data, store = os.path.join(tmp, "data"), f"file://{tmp}/store"
     etcd_flags = ["--name", "m1", "--data-dir", data,
                   "--listen-client-urls", f"http://{IP}:2379", "--advertise-client-urls", f"http://{IP}:2379",
@@ -94,59 +112,106 @@ def main():
                   "--initial-cluster", f"m1=http://{IP}:2380", "--log-level", "error",
                   "--quota-backend-bytes", str(8 << 30)]
     try:
-        # 1. A ~1 GiB DB, written without the warden.
-        e = subprocess.Popen([a.etcd, *etcd_flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(2)
-        print(subprocess.run(["target/release/examples/fill", f"http://{IP}:2379", str(a.mib)],
-                             capture_output=True, text=True, check=True).stdout.strip(), file=sys.stderr)
-        e.terminate(); e.wait()
-        # 2. The warden takes the full snapshot, then the load makes the delta revisions.
-        w = subprocess.Popen([a.warden, "run", "--listen", f"{IP}:2378", "--store", store,
-                              "--delta-snapshot-period", "2s", "--", a.etcd, *etcd_flags],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, RUST_LOG="warn"))
-        poll("the full snapshot", lambda: status()["backup"]["fulls_total"] >= 1)
-        base = status()["backup"]["last_full"]["revision"]
-        # Write until the deltas hold the requested number of revisions (each write is one revision).
-        written = 0
-        while written < a.revisions:
-            seconds = max(2, min(30, (a.revisions - written) // 8000 + 1))
-            out = subprocess.run(["target/release/examples/load", f"http://{IP}:2379", str(seconds), "32"],
-                                 capture_output=True, text=True, check=True).stdout.strip()
-            print(out, file=sys.stderr)
-            written += int(out.split()[0])
-        poll("the store to catch up", lambda: status()["backup"]["backed_up_revision"] >= status()["etcd"]["revision"])
-        final = status()["backup"]["backed_up_revision"]
-        snap = os.path.join(tmp, "final.db")
-        subprocess.run([os.path.join(bindir, "etcdctl"), f"--endpoints=http://{IP}:2379", "snapshot", "save", snap],
-                       env=dict(os.environ, ETCDCTL_API="3"), capture_output=True, check=True)
-        w.terminate(); w.wait()
-        print(f"store: full at {base}, deltas to {final} ({final - base} revisions); final DB {os.path.getsize(snap) >> 20} MiB",
-              file=sys.stderr)
-        res = {"warden": [], "etcdutl": []}
-        rss = {"warden": [], "etcdutl": []}
-        tree = []
-        for r in range(a.rounds):
-            out = os.path.join(tmp, f"w{r}")
-            t, m, whole = timed_sampled([a.warden, "restore", "--store", store, "--data-dir", out, "--name", "m1",
-                                         "--initial-cluster", f"m1=http://{IP}:2380", "--initial-advertise-peer-urls",
-                                         f"http://{IP}:2380", "--etcd", a.etcd], env=dict(os.environ, RUST_LOG="warn"))
-            res["warden"].append(t); rss["warden"].append(m); tree.append(whole)
-            shutil.rmtree(out)
-            out = os.path.join(tmp, f"u{r}")
-            t, m, _ = timed([os.path.join(bindir, "etcdutl"), "snapshot", "restore", snap, "--data-dir", out,
-                             "--name", "m1", "--initial-cluster", f"m1=http://{IP}:2380",
-                             "--initial-advertise-peer-urls", f"http://{IP}:2380"])
-            res["etcdutl"].append(t); rss["etcdutl"].append(m)
-            shutil.rmtree(out)
-        mw, mu = statistics.median(res["warden"]), statistics.median(res["etcdutl"])
-        print(f"restore benchmark ({a.rounds} rounds A B, medians): full snapshot at revision {base} "
-              f"+ {final - base} delta revisions")
-        print(f"  etcdutl snapshot restore (final DB, no deltas)   {mu:7.2f}s   peak RSS {max(rss['etcdutl']):6.1f} MiB")
-        print(f"  etcd-warden restore (full + all deltas)          {mw:7.2f}s   peak RSS {max(rss['warden']):6.1f} MiB"
-              f"   ratio {mw / mu:.2f}x")
-        print(f"    (largest process in the restore tree, i.e. etcdutl or the private etcd: {max(tree):.1f} MiB)")
+        if os.path.exists(prepared):
+            with open(prepared) as f:
+                base, final, want = json.load(f)
+            snap = os.path.join(tmp, "final.db")
+            print(f"reusing {tmp}", file=sys.stderr)
+        else:
+            base, final, want, snap = prepare(a, tmp, store, etcd_flags, ctl, bindir)
+            if a.keep:
+                with open(prepared, "w") as f:
+                    json.dump([base, final, want], f)
+        run(a, tmp, store, etcd_flags, ctl, bindir, base, final, want, snap)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not a.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prepare(a, tmp, store, etcd_flags, ctl, bindir):
+    # 1. A ~1 GiB DB, written without the warden.
+    e = subprocess.Popen([a.etcd, *etcd_flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(2)
+    print(subprocess.run(["target/release/examples/fill", f"http://{IP}:2379", str(a.mib)],
+                         capture_output=True, text=True, check=True).stdout.strip(), file=sys.stderr)
+    e.terminate(); e.wait()
+    # 2. The warden takes the full snapshot, then the load makes the delta revisions.
+    w = subprocess.Popen([a.warden, "run", "--listen", f"{IP}:2378", "--store", store,
+                          "--delta-snapshot-period", "2s", "--", a.etcd, *etcd_flags],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, RUST_LOG="warn"))
+    poll("the full snapshot", lambda: status()["backup"]["fulls_total"] >= 1)
+    base = status()["backup"]["last_full"]["revision"]
+    # Write until the deltas hold the requested number of revisions (a delete of an absent key makes
+    # none, so count etcd's revisions, not the writes).
+    made = 0
+    while made < a.revisions:
+        seconds = max(2, min(30, (a.revisions - made) // 8000 + 1))
+        out = subprocess.run(["target/release/examples/load", f"http://{IP}:2379", str(seconds), "32"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        print(out, file=sys.stderr)
+        made = status()["etcd"]["revision"] - base
+    poll("the store to catch up", lambda: status()["backup"]["backed_up_revision"] >= status()["etcd"]["revision"])
+    final = status()["backup"]["backed_up_revision"]
+    want = hashkv(ctl, final)
+    snap = os.path.join(tmp, "final.db")
+    subprocess.run([os.path.join(bindir, "etcdctl"), f"--endpoints=http://{IP}:2379", "snapshot", "save", snap],
+                   env=dict(os.environ, ETCDCTL_API="3"), capture_output=True, check=True)
+    w.terminate(); w.wait()
+    print(f"store: full at {base}, deltas to {final} ({final - base} revisions); final DB {os.path.getsize(snap) >> 20} MiB",
+          file=sys.stderr)
+    return base, final, want, snap
+
+
+def run(a, tmp, store, etcd_flags, ctl, bindir, base, final, want, snap):
+    restore_flags = ["--name", "m1", "--initial-cluster", f"m1=http://{IP}:2380",
+                     "--initial-advertise-peer-urls", f"http://{IP}:2380", "--etcd", a.etcd]
+
+    def check(out):
+        """etcd on the restored dir holds the original history, byte for byte."""
+        e = subprocess.Popen([a.etcd, *etcd_flags[:2], "--data-dir", out, *etcd_flags[4:]],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            got = poll("etcd on the restored dir", lambda: hashkv(ctl, final), timeout=120)
+        finally:
+            e.terminate(); e.wait()
+        if got != want:
+            raise SystemExit(f"restored {out}: HashKV at {final} is {got}, the original's is {want}")
+
+    res = {"warden": [], "etcdutl": [], "replay": []}
+    rss = {"warden": [], "etcdutl": [], "replay": []}
+    tree = []
+    for r in range(a.rounds):
+        out = os.path.join(tmp, f"w{r}")
+        t, m, whole = timed_sampled([a.warden, "restore", "--store", store, "--data-dir", out, *restore_flags],
+                                    env=dict(os.environ, RUST_LOG="warn"))
+        res["warden"].append(t); rss["warden"].append(m); tree.append(whole)
+        if r == 0:
+            check(out)
+        shutil.rmtree(out)
+        out = os.path.join(tmp, f"u{r}")
+        t, m, _ = timed([os.path.join(bindir, "etcdutl"), "snapshot", "restore", snap, "--data-dir", out,
+                         "--name", "m1", "--initial-cluster", f"m1=http://{IP}:2380",
+                         "--initial-advertise-peer-urls", f"http://{IP}:2380"])
+        res["etcdutl"].append(t); rss["etcdutl"].append(m)
+        shutil.rmtree(out)
+    if not a.no_replay:
+        out = os.path.join(tmp, "replay")
+        t, m, _ = timed_sampled([a.warden, "restore", "--store", store, "--data-dir", out, *restore_flags],
+                                env=dict(os.environ, RUST_LOG="warn", ETCD_WARDEN_RESTORE_THROUGH_ETCD="1"))
+        res["replay"].append(t); rss["replay"].append(m)
+        check(out)
+        shutil.rmtree(out)
+    mw, mu = statistics.median(res["warden"]), statistics.median(res["etcdutl"])
+    print(f"restore benchmark ({a.rounds} rounds A B, medians): full snapshot at revision {base} "
+          f"+ {final - base} delta revisions; restored HashKV = original's ({want})")
+    print(f"  etcdutl snapshot restore (final DB, no deltas)   {mu:7.2f}s   peak RSS {max(rss['etcdutl']):6.1f} MiB")
+    print(f"  etcd-warden restore (full + all deltas)          {mw:7.2f}s   peak RSS {max(rss['warden']):6.1f} MiB"
+          f"   ratio {mw / mu:.2f}x")
+    print(f"    (largest process in the restore tree: {max(tree):.1f} MiB)")
+    if res["replay"]:
+        mr = res["replay"][0]
+        print(f"  same, deltas replayed through a private etcd     {mr:7.2f}s   peak RSS {rss['replay'][0]:6.1f} MiB"
+              f"   ratio {mr / mu:.2f}x (1 run)")
 
 
 if __name__ == "__main__":

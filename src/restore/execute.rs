@@ -2,10 +2,12 @@
 //!
 //! Everything is built in `<data-dir>.restore-<time>/` beside the target, on the same filesystem:
 //! the full snapshot is downloaded and verified, restored with etcd's own tool (etcdutl for 3.5+,
-//! etcdctl for 3.4), and the deltas are applied through a private etcd on loopback ports, each
-//! original revision as exactly one transaction, so revisions and every key's mod_revision come out
-//! identical. Only when that is complete is the result renamed into place. A candidate that fails
-//! verification is reported and the next (older) one is tried.
+//! etcdctl for 3.4), and the deltas' revisions are written into the restored member's bbolt file in
+//! etcd's own layout (`mvcc`), so revisions and every key's create/mod revision, version and lease
+//! come out identical. Should that file be shaped in a way `bolt` does not handle, the deltas are
+//! replayed through a private etcd on loopback ports instead, each original revision as exactly one
+//! transaction. Only when that is complete is the result renamed into place. A candidate that
+//! fails verification is reported and the next (older) one is tried.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -15,12 +17,11 @@ use std::time::{Duration, Instant, SystemTime};
 use etcd_client::{Client, Compare, CompareOp, LeaseGrantOptions, Txn, TxnOp};
 use thiserror::Error;
 
-use super::bolt::BoltError;
 use super::mvcc::MvccFile;
 use super::plan::{self, Candidate, Target};
 use crate::pid1::{ExitStatus, Reaper, run_to_completion};
-use crate::snapshot::delta_codec::{EventType, Record, Revision};
-use crate::snapshot::verify::{read_delta, read_full_to_file};
+use crate::snapshot::delta_codec::{Decoder, EventType, Record, Revision};
+use crate::snapshot::verify::{read_delta, read_full_to_file, read_verified};
 use crate::store::layout::{Kind, SnapshotName};
 use crate::store::{Store, StoreError};
 
@@ -386,9 +387,26 @@ fn replay_progress(
     });
 }
 
-/// Writes the deltas' revisions into the restored db file (see `mvcc`): no etcd runs, each
-/// delta's records are written on a blocking thread while the next one downloads.
+/// Writes the deltas' revisions into the restored db file (see `mvcc`), no etcd running. Runs on a
+/// blocking thread: each delta streams through download, decompression, decoding and the bbolt
+/// writer a chunk at a time, so memory stays flat however large a delta is. Records are written
+/// before their delta's digest is checked at its end; a failed check fails the whole candidate, and
+/// nothing is committed to the file before every delta has verified.
 async fn write_deltas(
+    store: &Store,
+    file: MvccFile,
+    cand: &Candidate,
+    progress: &Progress,
+) -> Result<(i64, u64), String> {
+    let (store, cand, progress) = (store.clone(), cand.clone(), progress.clone());
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || write_deltas_blocking(&handle, &store, file, &cand, &progress))
+        .await
+        .map_err(|e| format!("write the deltas: {e}"))?
+}
+
+fn write_deltas_blocking(
+    handle: &tokio::runtime::Handle,
     store: &Store,
     mut file: MvccFile,
     cand: &Candidate,
@@ -406,56 +424,37 @@ async fn write_deltas(
             "the full snapshot already holds revision {from}, past the target {stop}"
         ));
     }
-    let mut prefetch: Prefetch = None;
     let mut applied = 0u64;
-    'deltas: for (i, delta) in cand.deltas.iter().enumerate() {
-        let records = next_records(store, cand, i, &mut prefetch).await?;
-        let mut todo = Vec::with_capacity(records.len());
+    for (i, delta) in cand.deltas.iter().enumerate() {
+        let mut decoder = Decoder::new();
         let mut stop = false;
-        let mut current = file.revision();
-        for rec in records {
-            if let Record::Revision(r) = &rec {
-                match step(r, current, cand, delta)? {
-                    Step::Skip => continue,
-                    Step::Stop => {
-                        stop = true;
-                        break;
-                    }
-                    Step::Apply => current = r.revision,
+        // Past a point-in-time target the rest of the delta is still read, for its digest.
+        handle.block_on(read_verified(store, delta, |raw| {
+            for rec in decoder.push(raw).map_err(|e| e.to_string())? {
+                match rec {
+                    _ if stop => {}
+                    Record::Lease(l) => file.add_lease(l.id, l.granted_ttl),
+                    Record::Revision(r) => match step(&r, file.revision(), cand, delta)? {
+                        Step::Skip => {}
+                        Step::Stop => stop = true,
+                        Step::Apply => {
+                            file.apply(&r)
+                                .map_err(|e| format!("write {} into the restored db: {e}", delta.key()))?;
+                            applied += 1;
+                        }
+                    },
                 }
             }
-            todo.push(rec);
-        }
-        let (back, result) = tokio::task::spawn_blocking(move || {
-            let mut n = 0u64;
-            let result = todo.iter().try_for_each(|rec| {
-                match rec {
-                    Record::Lease(l) => file.add_lease(l.id, l.granted_ttl),
-                    Record::Revision(r) => {
-                        file.apply(r)?;
-                        n += 1;
-                    }
-                }
-                Ok::<_, BoltError>(())
-            });
-            (file, result.map(|()| n))
-        })
-        .await
-        .map_err(|e| format!("write deltas: {e}"))?;
-        file = back;
-        applied += result.map_err(|e| format!("write {} into the restored db: {e}", delta.key()))?;
+            Ok(())
+        }))?;
+        decoder.finish().map_err(|e| e.to_string())?;
         replay_progress(progress, cand, i, from, file.revision(), started);
         if stop {
-            break 'deltas;
+            break;
         }
     }
-    if let Some(h) = prefetch {
-        h.abort();
-    }
     let revision = file.revision();
-    tokio::task::spawn_blocking(move || file.commit())
-        .await
-        .map_err(|e| format!("commit the restored db: {e}"))?
+    file.commit()
         .map_err(|e| format!("commit the restored db: {e}"))?;
     tracing::info!(
         revisions = applied,
