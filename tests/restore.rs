@@ -141,6 +141,23 @@ fn exact_restore(etcd: &Path, via: Via) {
     let (mut w, store) = warden_with_file_store(etcd, &ip, dir.path(), &[]);
     let rt = rt();
 
+    // Enough data that the snapshot's key bucket is a tree of several levels (2 KiB values: ~2 per
+    // page, so ~1 500 leaves under two branch levels), which the restore appends to on its right edge.
+    rt.block_on(async {
+        let mut c = client(&ip).await;
+        for batch in 0..30 {
+            let ops = (batch * 100..(batch + 1) * 100)
+                .map(|i| TxnOp::put(format!("/bulk/{i:05}"), vec![b'b'; 2048], None))
+                .collect::<Vec<_>>();
+            c.txn(Txn::new().and_then(ops)).await.unwrap();
+        }
+        // Two thirds deleted again (their revisions stay in the tree), to keep the dumps small.
+        for p in ["/bulk/01", "/bulk/02"] {
+            c.delete(p, Some(etcd_client::DeleteOptions::new().with_prefix()))
+                .await
+                .unwrap();
+        }
+    });
     // Writes run continuously while a full snapshot is taken (SIGUSR1).
     let stop = Arc::new(AtomicBool::new(false));
     let rounds = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -182,6 +199,12 @@ fn exact_restore(etcd: &Path, via: Via) {
             write_mix(&mut c, 1000 + i).await;
         }
         c.put("/leased/b", "2", Some(PutOptions::new().with_lease(lease)))
+            .await
+            .unwrap();
+        // Values larger than a bbolt page (overflow pages), and one delete of many keys.
+        c.put("/big/10k", vec![b'x'; 10 << 10], None).await.unwrap();
+        c.put("/big/300k", vec![b'y'; 300 << 10], None).await.unwrap();
+        c.delete("/bulk/00", Some(etcd_client::DeleteOptions::new().with_prefix()))
             .await
             .unwrap();
         (lease, mid)
@@ -284,6 +307,8 @@ fn exact_restore(etcd: &Path, via: Via) {
             c.put(format!("/after/{i}"), vec![b'v'; 900], None).await.unwrap();
         }
         c.compact(rev, None).await.unwrap();
+        // Defragmenting rewrites the whole db through bbolt's own cursors.
+        c.defragment().await.unwrap();
         let n = c
             .get("/after/", Some(GetOptions::new().with_prefix().with_count_only()))
             .await

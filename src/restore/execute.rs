@@ -803,6 +803,12 @@ impl PrivateEtcd {
             .arg("error")
             .arg("--quota-backend-bytes")
             .arg((8u64 << 30).to_string())
+            // A replayed revision is one transaction however many keys it changed (a range delete
+            // of thousands of keys is one revision), and as large as the original allowed.
+            .arg("--max-txn-ops")
+            .arg((1u32 << 20).to_string())
+            .arg("--max-request-bytes")
+            .arg((64u32 << 20).to_string())
             .stdout(std::process::Stdio::null())
             .stderr(log);
         if scratch && !version.contains("etcd Version: 3.4") {
