@@ -323,7 +323,8 @@ pub async fn restore(
 }
 
 /// `backups verify --deep`: the shallow checks, then a real restore of the newest chain into a
-/// scratch dir beside the system temp dir, and the revision etcd reports once it runs on it.
+/// scratch dir beside the system temp dir, then etcd started on it: the revision it reports must
+/// be the restored one, and its HashKV is printed (compare it with `etcdctl endpoint hashkv`).
 pub async fn verify_deep(
     store_url: String,
     etcd: String,
@@ -366,7 +367,19 @@ pub async fn verify_deep(
             for (key, why) in &r.skipped {
                 println!("FAIL  deep: newest chain unusable, {key}: {why}");
             }
-            if r.skipped.is_empty() && shallow == 0 {
+            let opened = crate::restore::drill::open_with_etcd(
+                &reaper,
+                &opts.etcd,
+                &opts.data_dir,
+                &opts.name,
+                r.revision,
+            )
+            .await;
+            match &opened {
+                Ok(hash) => println!("deep: etcd opened it at revision {}, HashKV {hash}", r.revision),
+                Err(e) => println!("FAIL  deep: {e}"),
+            }
+            if r.skipped.is_empty() && shallow == 0 && opened.is_ok() {
                 0
             } else {
                 1

@@ -227,6 +227,24 @@ fn exact_restore(etcd: &Path, via: Via) {
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
 
+    // `backups verify --deep` restores the same chain, starts etcd on it and prints its HashKV.
+    let out = Command::new(WARDEN)
+        .args(["backups", "verify", "--store", &store, "--deep", "--etcd"])
+        .arg(etcd)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("deep: etcd opened it at revision {rev}, HashKV {hash}")),
+        "verify --deep did not report revision {rev} and HashKV {hash}:\n{text}"
+    );
+
     // Latest.
     let ip2 = unique_ip();
     let restored = dir.path().join("restored");

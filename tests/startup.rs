@@ -214,6 +214,25 @@ fn scheduled_restore_drill_exports_its_last_success() {
         status["backup"]["restore_drill"]["last_error"].is_null(),
         "{status}"
     );
+    // etcd, started on the drill's restore, hashed the same history as the live etcd.
+    let drill = &status["backup"]["restore_drill"];
+    let live = etcdctl(
+        &s.ctl,
+        &s.ip,
+        &[
+            "endpoint",
+            "hashkv",
+            &format!("--rev={}", drill["last_revision"]),
+            "-w",
+            "json",
+        ],
+    )
+    .unwrap();
+    let live: serde_json::Value = serde_json::from_str(&live).unwrap();
+    assert_eq!(
+        drill["last_hash"], live[0]["HashKV"]["hash"],
+        "the drill's HashKV differs from the live etcd's: {status}"
+    );
     let (_, metrics) = w.get("/metrics").unwrap();
     assert!(
         metrics.contains("etcd_warden_last_verified_restore_timestamp_seconds"),

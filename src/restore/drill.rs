@@ -4,7 +4,7 @@
 //! `etcd_warden_last_verified_restore_timestamp_seconds`; failure shows in /status and the logs.
 //! Like every backup concern, it never touches readiness.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use serde::Serialize;
@@ -20,6 +20,8 @@ pub struct DrillStatus {
     #[serde(with = "crate::telemetry::opt_unix_seconds")]
     pub last_success: Option<SystemTime>,
     pub last_revision: Option<i64>,
+    /// etcd's HashKV of the restored data at `last_revision`.
+    pub last_hash: Option<u32>,
     pub last_seconds: Option<f64>,
     pub last_error: Option<String>,
     pub runs: u64,
@@ -69,21 +71,27 @@ pub async fn run(
                     report.skipped
                 ));
             }
-            Ok(report)
+            let hash = tokio::select! {
+                _ = cancel.cancelled() => return Err("cancelled".to_owned()),
+                r = open_with_etcd(&reaper, &opts.etcd, &opts.data_dir, &opts.name, report.revision) => r?,
+            };
+            Ok((report, hash))
         }
         .await;
         let _ = std::fs::remove_dir_all(&scratch);
         status.send_modify(|s| {
             s.runs += 1;
             match &result {
-                Ok(r) => {
+                Ok((r, hash)) => {
                     tracing::info!(
                         revision = r.revision,
+                        hash_kv = hash,
                         seconds = r.seconds,
                         "restore drill succeeded"
                     );
                     s.last_success = Some(SystemTime::now());
                     s.last_revision = Some(r.revision);
+                    s.last_hash = Some(*hash);
                     s.last_seconds = Some(r.seconds);
                     s.last_error = None;
                 }
@@ -94,4 +102,41 @@ pub async fn run(
             }
         });
     }
+}
+
+/// Starts etcd on a restored data dir (privately, on loopback ports) and reads back what it serves:
+/// it must report `revision`; returns its HashKV there. The proof that etcd itself accepts the
+/// result, which the restore alone does not give when it wrote the deltas into the file.
+pub async fn open_with_etcd(
+    reaper: &Reaper,
+    etcd: &Path,
+    data: &Path,
+    name: &str,
+    revision: i64,
+) -> Result<u32, String> {
+    let log = data.with_file_name("check-etcd.log");
+    let private = super::execute::PrivateEtcd::start(reaper, etcd, data, name, &log, true).await?;
+    let result = async {
+        let mut client = private.client().await?;
+        let got = client
+            .get("\0", None)
+            .await
+            .map_err(|e| format!("read the restored revision: {e}"))?
+            .header()
+            .map(|h| h.revision())
+            .unwrap_or(0);
+        if got != revision {
+            return Err(format!(
+                "etcd opened the restored data at revision {got}; the restore ended at {revision}"
+            ));
+        }
+        client
+            .hash_kv(revision)
+            .await
+            .map(|h| h.hash())
+            .map_err(|e| format!("HashKV of the restored data: {e}"))
+    }
+    .await;
+    private.stop().await;
+    result
 }
