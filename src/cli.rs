@@ -373,6 +373,7 @@ pub async fn verify_deep(
                 &opts.data_dir,
                 &opts.name,
                 r.revision,
+                None,
             )
             .await;
             match &opened {

@@ -399,10 +399,18 @@ fn flapping_ownership_never_runs_two_etcds_on_the_data_dir_and_loses_nothing() {
     w.wait_ready(START);
     let stop = Arc::new(AtomicBool::new(false));
     let writes = acked_writer(&ip, stop.clone(), true);
-    // Flip every 150-350 ms for about 6 s: kills, final snapshots and restarts overlap.
+    // Flip every 150-350 ms for at least 6 s, and on until etcd has been killed twice (on a busy
+    // machine a restart can outlast several flips, which then find no etcd to kill): kills, final
+    // snapshots and restarts overlap.
     let t = Instant::now();
     let mut flips = 0;
-    while t.elapsed() < Duration::from_secs(6) {
+    let kills = |w: &Warden| w.status()["ownership"]["fence"]["kills_total"].as_u64();
+    while t.elapsed() < Duration::from_secs(6) || kills(&w).unwrap_or(0) < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "flapping for 60 s did not kill etcd twice: {}",
+            w.status()
+        );
         dns.set_owner(OWNER, if flips % 2 == 0 { "host-b" } else { "host-a" });
         flips += 1;
         std::thread::sleep(Duration::from_millis(150 + 50 * (flips % 5)));

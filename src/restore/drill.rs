@@ -20,8 +20,12 @@ pub struct DrillStatus {
     #[serde(with = "crate::telemetry::opt_unix_seconds")]
     pub last_success: Option<SystemTime>,
     pub last_revision: Option<i64>,
-    /// etcd's HashKV of the restored data at `last_revision`.
+    /// etcd's HashKV of the restored data at `last_revision` (after compacting it to the live
+    /// etcd's compaction revision, when the live etcd could be asked).
     pub last_hash: Option<u32>,
+    /// Whether that equals the live etcd's HashKV at the same revision; `None` when the live etcd
+    /// could not say (not running, or already compacted past that revision).
+    pub matches_live: Option<bool>,
     pub last_seconds: Option<f64>,
     pub last_error: Option<String>,
     pub runs: u64,
@@ -71,27 +75,45 @@ pub async fn run(
                     report.skipped
                 ));
             }
+            let live = live_hash(&cfg, report.revision).await;
             let hash = tokio::select! {
                 _ = cancel.cancelled() => return Err("cancelled".to_owned()),
-                r = open_with_etcd(&reaper, &opts.etcd, &opts.data_dir, &opts.name, report.revision) => r?,
+                r = open_with_etcd(
+                    &reaper,
+                    &opts.etcd,
+                    &opts.data_dir,
+                    &opts.name,
+                    report.revision,
+                    live.map(|(_, compacted)| compacted),
+                ) => r?,
             };
-            Ok((report, hash))
+            if let Some((want, _)) = live
+                && want != hash
+            {
+                return Err(format!(
+                    "the restored data's HashKV at revision {} is {hash}, the live etcd's is {want}: the backups do not reproduce this cluster",
+                    report.revision
+                ));
+            }
+            Ok((report, hash, live.is_some()))
         }
         .await;
         let _ = std::fs::remove_dir_all(&scratch);
         status.send_modify(|s| {
             s.runs += 1;
             match &result {
-                Ok((r, hash)) => {
+                Ok((r, hash, compared)) => {
                     tracing::info!(
                         revision = r.revision,
                         hash_kv = hash,
+                        matches_live = compared,
                         seconds = r.seconds,
                         "restore drill succeeded"
                     );
                     s.last_success = Some(SystemTime::now());
                     s.last_revision = Some(r.revision);
                     s.last_hash = Some(*hash);
+                    s.matches_live = compared.then_some(true);
                     s.last_seconds = Some(r.seconds);
                     s.last_error = None;
                 }
@@ -104,15 +126,31 @@ pub async fn run(
     }
 }
 
+/// The live etcd's HashKV at `revision` and the compaction revision it covers from, if it still
+/// has that revision.
+async fn live_hash(cfg: &RunConfig, revision: i64) -> Option<(u32, i64)> {
+    let mut client = cfg.client.connect().await.ok()?;
+    match client.hash_kv(revision).await {
+        Ok(h) => Some((h.hash(), h.compact_version())),
+        Err(e) => {
+            tracing::info!(error = %e, revision, "restore drill: the live etcd cannot hash that revision; not comparing");
+            None
+        }
+    }
+}
+
 /// Starts etcd on a restored data dir (privately, on loopback ports) and reads back what it serves:
 /// it must report `revision`; returns its HashKV there. The proof that etcd itself accepts the
 /// result, which the restore alone does not give when it wrote the deltas into the file.
+/// `compact_to`: first compact the restored data to the live etcd's compaction revision, since
+/// HashKV covers only what is newer than the compaction (plus each key's kept revision).
 pub async fn open_with_etcd(
     reaper: &Reaper,
     etcd: &Path,
     data: &Path,
     name: &str,
     revision: i64,
+    compact_to: Option<i64>,
 ) -> Result<u32, String> {
     let log = data.with_file_name("check-etcd.log");
     let private = super::execute::PrivateEtcd::start(reaper, etcd, data, name, &log, true).await?;
@@ -129,6 +167,16 @@ pub async fn open_with_etcd(
             return Err(format!(
                 "etcd opened the restored data at revision {got}; the restore ended at {revision}"
             ));
+        }
+        if let Some(c) = compact_to.filter(|c| *c > 0) {
+            // "already compacted" means the restored data's own compaction is at least as new.
+            if let Err(e) = client
+                .compact(c, Some(etcd_client::CompactionOptions::new().with_physical()))
+                .await
+                && !e.to_string().contains("compacted")
+            {
+                return Err(format!("compact the restored data to revision {c}: {e}"));
+            }
         }
         client
             .hash_kv(revision)
