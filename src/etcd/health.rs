@@ -32,6 +32,9 @@ pub struct Health {
 }
 
 const FAST_POLL: Duration = Duration::from_millis(50);
+/// After a defragmentation etcd works off the requests queued behind it; a check that times out in
+/// that moment is still the defrag's doing. The verdict is held this long after one was last seen.
+const AFTER_DEFRAG: Duration = Duration::from_secs(2);
 
 /// Runs until cancelled.
 pub async fn run(
@@ -39,11 +42,12 @@ pub async fn run(
     interval: Duration,
     mut child: watch::Receiver<ChildState>,
     health: watch::Sender<Health>,
-    defragmenting: watch::Receiver<bool>,
+    mut defragmenting: watch::Receiver<bool>,
     heartbeat: Heartbeat,
     cancel: CancellationToken,
 ) {
     let mut client: Option<(u64, Client)> = None;
+    let mut defrag_seen: Option<std::time::Instant> = None;
     loop {
         heartbeat.beat();
         let state = child.borrow_and_update().clone();
@@ -59,15 +63,22 @@ pub async fn run(
                     }
                 };
             }
-            let defrag_before = *defragmenting.borrow();
+            // A defrag that started and ended between two checks counts too (has_changed).
+            if defragmenting.has_changed().unwrap_or(false) | *defragmenting.borrow_and_update() {
+                defrag_seen = Some(std::time::Instant::now());
+            }
             let mut result = match client.as_mut() {
                 Some((_, c)) => check(c, config.timeout).await,
                 None => Err("etcd is not accepting client connections yet".to_owned()),
             };
-            // etcd answers nothing while it defragments: a check that failed during one keeps
-            // the previous verdict of this incarnation instead of calling a busy etcd unhealthy.
+            if *defragmenting.borrow() {
+                defrag_seen = Some(std::time::Instant::now());
+            }
+            // etcd answers nothing while it defragments: a check that failed during one (or just
+            // after) keeps the previous verdict of this incarnation instead of calling a busy etcd
+            // unhealthy.
             if let Err(reason) = &result
-                && (defrag_before || *defragmenting.borrow())
+                && defrag_seen.is_some_and(|t| t.elapsed() < AFTER_DEFRAG)
             {
                 let prev = health.borrow().clone();
                 if prev.healthy && prev.incarnation == state.incarnation {

@@ -203,6 +203,8 @@ impl BucketValue {
 /// An open bbolt file being extended. Nothing changes for readers until [`BoltFile::commit`].
 pub struct BoltFile {
     file: File,
+    /// bbolt's exclusive flock, held until the file is committed or dropped.
+    _lock: nix::fcntl::Flock<File>,
     out: BufWriter<File>,
     page_size: usize,
     meta: Meta,
@@ -213,6 +215,11 @@ pub struct BoltFile {
 impl BoltFile {
     pub fn open(path: &Path) -> Result<Self, BoltError> {
         let file = File::options().read(true).write(true).open(path)?;
+        // As bbolt does: nobody else may have the file open meanwhile (a dup shares the lock).
+        let lock = nix::fcntl::Flock::lock(file.try_clone()?, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|_| {
+                BoltError::Unsupported(format!("{} is locked by another process", path.display()))
+            })?;
         let mut first = vec![0u8; 4096];
         file.read_exact_at(&mut first, 0)?;
         let m0 = Meta::parse(&first)
@@ -239,6 +246,7 @@ impl BoltFile {
         out.seek(SeekFrom::Start(meta.pgid * page_size as u64))?;
         Ok(Self {
             file,
+            _lock: lock,
             out,
             page_size,
             meta,
@@ -396,18 +404,7 @@ impl BoltFile {
     /// Packs children into branch pages; returns the level above.
     fn write_branches(&mut self, children: Vec<BranchItem>) -> Result<Vec<BranchItem>, BoltError> {
         let mut level = Vec::new();
-        let mut page: Vec<BranchItem> = Vec::new();
-        let mut size = PAGE_HEADER;
-        for (k, c) in children {
-            if !page.is_empty() && size + ELEMENT + k.len() > self.page_size {
-                let first = page[0].0.clone();
-                level.push((first, self.write_node(&Node::Branch(std::mem::take(&mut page)))?));
-                size = PAGE_HEADER;
-            }
-            size += ELEMENT + k.len();
-            page.push((k, c));
-        }
-        if !page.is_empty() {
+        for page in group_branches(children, self.page_size) {
             let first = page[0].0.clone();
             level.push((first, self.write_node(&Node::Branch(page))?));
         }
@@ -432,6 +429,38 @@ impl BoltFile {
         self.file.sync_all()?;
         Ok(())
     }
+}
+
+/// Splits one branch level into pages, filled in order. bbolt never makes a branch page with fewer
+/// than two children except a root (its rebalance asserts "parent must have at least 2 children"
+/// when a lone child shrinks), so a last page left with one child takes one from the page before,
+/// or joins it (a branch page may overflow, as in bbolt).
+fn group_branches(children: Vec<BranchItem>, page_size: usize) -> Vec<Vec<BranchItem>> {
+    let mut pages: Vec<Vec<BranchItem>> = Vec::new();
+    let mut page: Vec<BranchItem> = Vec::new();
+    let mut size = PAGE_HEADER;
+    for (k, c) in children {
+        if !page.is_empty() && size + ELEMENT + k.len() > page_size {
+            pages.push(std::mem::take(&mut page));
+            size = PAGE_HEADER;
+        }
+        size += ELEMENT + k.len();
+        page.push((k, c));
+    }
+    if !page.is_empty() {
+        pages.push(page);
+    }
+    if pages.len() >= 2 && pages[pages.len() - 1].len() < 2 {
+        let mut last = pages.pop().expect("two pages");
+        let prev = pages.last_mut().expect("two pages");
+        if prev.len() >= 3 {
+            last.insert(0, prev.pop().expect("three items"));
+            pages.push(last);
+        } else {
+            prev.extend(last);
+        }
+    }
+    pages
 }
 
 /// Appends sorted keys to a bucket's tree: fills leaf pages in order, then rebuilds the branch
@@ -549,6 +578,92 @@ mod tests {
         assert!(Meta::parse(&p).is_none());
     }
 
+    #[test]
+    fn a_file_another_process_holds_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("db");
+        let ps = 4096usize;
+        let meta = Meta {
+            page_size: ps as u32,
+            flags: 0,
+            root: 2,
+            sequence: 0,
+            pgid: 3,
+            txid: 1,
+        };
+        let mut raw = vec![0u8; 3 * ps];
+        raw[..ps].copy_from_slice(&Meta { txid: 0, ..meta }.page(ps));
+        raw[ps..2 * ps].copy_from_slice(&meta.page(ps));
+        std::fs::write(&path, &raw).expect("write");
+        let held = nix::fcntl::Flock::lock(
+            File::open(&path).expect("open"),
+            nix::fcntl::FlockArg::LockExclusiveNonblock,
+        )
+        .expect("lock");
+        assert!(matches!(BoltFile::open(&path), Err(BoltError::Unsupported(m)) if m.contains("locked")));
+        drop(held);
+        assert!(BoltFile::open(&path).is_ok());
+    }
+
+    #[test]
+    fn no_branch_page_but_a_lone_root_has_a_single_child() {
+        let item = |i: u32| (i.to_be_bytes().to_vec(), i as u64);
+        // 4-byte keys: (4096 - 16) / 20 = 204 children per page.
+        for n in [1usize, 2, 204, 205, 206, 408, 409, 410, 1000] {
+            let pages = group_branches((0..n as u32).map(item).collect(), 4096);
+            let flat: Vec<u32> = pages.iter().flatten().map(|(_, c)| *c as u32).collect();
+            assert_eq!(
+                flat,
+                (0..n as u32).collect::<Vec<_>>(),
+                "{n}: order or count changed"
+            );
+            if pages.len() > 1 {
+                assert!(pages.iter().all(|p| p.len() >= 2), "{n}: a page with one child");
+            }
+        }
+        // Keys so large that two fill a page: the lone last child joins the page before.
+        let big = |i: u8| (vec![i; 1500], i as u64);
+        let pages = group_branches((0..5).map(big).collect(), 4096);
+        assert!(
+            pages.iter().all(|p| p.len() >= 2),
+            "{:?}",
+            pages.iter().map(Vec::len).collect::<Vec<_>>()
+        );
+    }
+
+    /// What bbolt's tx.Check and rebalance rely on: keys in order within each page and within
+    /// the bounds the parent gives (its key for the child ≤ every key < the next sibling's key),
+    /// and at least two children in every branch page but the root. Returns the page's first key.
+    fn check_tree(db: &BoltFile, id: u64, low: Option<&[u8]>, high: Option<&[u8]>, is_root: bool) -> Vec<u8> {
+        let keys: Vec<Vec<u8>> = match db.node(id).expect("page") {
+            Node::Leaf(items) => items.into_iter().map(|(_, k, _)| k).collect(),
+            Node::Branch(items) => {
+                assert!(
+                    is_root || items.len() >= 2,
+                    "branch page {id} has {} child",
+                    items.len()
+                );
+                for (i, (k, child)) in items.iter().enumerate() {
+                    let next = items.get(i + 1).map(|(k, _)| k.as_slice()).or(high);
+                    let first = check_tree(db, *child, Some(k), next, false);
+                    assert!(k <= &first, "page {id}: key above its child's first key");
+                }
+                items.into_iter().map(|(k, _)| k).collect()
+            }
+        };
+        assert!(
+            keys.windows(2).all(|w| w[0] < w[1]),
+            "page {id}: keys out of order"
+        );
+        if let (Some(l), Some(first)) = (low, keys.first()) {
+            assert!(l <= first.as_slice(), "page {id}: below its parent's key");
+        }
+        if let (Some(h), Some(last)) = (high, keys.last()) {
+            assert!(last.as_slice() < h, "page {id}: reaches its next sibling's key");
+        }
+        keys.first().cloned().unwrap_or_default()
+    }
+
     /// A file with two metas, a root leaf with one bucket, built by this writer; then a large
     /// append, read back in order through the tree.
     #[test]
@@ -580,6 +695,11 @@ mod tests {
             let mut out = BufWriter::new(f.try_clone().expect("clone"));
             out.seek(SeekFrom::Start(2 * ps as u64)).expect("seek");
             let mut page = BoltFile {
+                _lock: nix::fcntl::Flock::lock(
+                    f.try_clone().expect("clone"),
+                    nix::fcntl::FlockArg::LockExclusiveNonblock,
+                )
+                .expect("lock"),
                 file: f,
                 out,
                 page_size: ps,
@@ -613,6 +733,7 @@ mod tests {
         let db = BoltFile::open(&path).expect("reopen");
         let root = db.root_items().expect("root");
         let b = BucketValue::parse(&root[0].2).expect("bucket");
+        check_tree(&db, b.root, None, None, true);
         let items = db.bucket_items(&b).expect("items");
         assert_eq!(items.len(), 2 * n as usize);
         for (i, (f, k, v)) in items.iter().enumerate() {

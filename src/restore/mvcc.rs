@@ -29,6 +29,7 @@ const KEY_BUCKET: &[u8] = b"key";
 const LEASE_BUCKET: &[u8] = b"lease";
 const META_BUCKET: &[u8] = b"meta";
 const FINISHED_COMPACT: &[u8] = b"finishedCompactRev";
+const SCHEDULED_COMPACT: &[u8] = b"scheduledCompactRev";
 
 pub struct MvccFile {
     db: BoltFile,
@@ -123,9 +124,11 @@ impl MvccFile {
             None => 1,
         };
         // A compaction can remove the newest revision's entry (a deleted key); etcd then takes
-        // its revision from the compaction mark, and so do we.
+        // its revision from the compaction mark, and so do we. A snapshot taken while a compaction
+        // ran has only the scheduled mark, which is still a revision the cluster had reached
+        // (newer etcd counts it too, etcd-io/etcd#17780).
         for (_, k, v) in db.bucket_items(&BucketValue::parse(bucket(&root, META_BUCKET)?)?)? {
-            if k == FINISHED_COMPACT && v.len() >= 8 {
+            if (k == FINISHED_COMPACT || k == SCHEDULED_COMPACT) && v.len() >= 8 {
                 revision = revision.max(i64::from_be_bytes(v[..8].try_into().expect("8 bytes")));
             }
         }
