@@ -65,6 +65,20 @@ fn port_refuses(ip: &str) -> bool {
     TcpStream::connect_timeout(&format!("{ip}:2379").parse().unwrap(), Duration::from_millis(500)).is_err()
 }
 
+/// The killed leader thread shows as a zombie while etcd's other threads still exit and its
+/// sockets close; the warden's reap (`last_kill_seconds`) comes after the last of them.
+fn wait_reaped(w: &Warden) {
+    wait_for(
+        "the warden to reap the killed etcd",
+        Duration::from_secs(5),
+        || {
+            w.status()["ownership"]["fence"]["last_kill_seconds"]
+                .as_f64()
+                .map(|_| ())
+        },
+    );
+}
+
 fn keys_in_restored(etcd: &Path, store: &str) -> (Vec<String>, String) {
     keys_after_restore(etcd, store, &[], "k")
 }
@@ -108,9 +122,10 @@ fn ownership_flip_under_writes_kills_at_once_final_snapshot_holds_every_acknowle
     let (code, body) = w.get("/readyz").unwrap();
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("owner"), "{body}");
+    wait_reaped(&w);
     assert!(
         port_refuses(&ip),
-        "the public client port still accepts connections"
+        "the public client port still accepts connections after the reap"
     );
     stop.store(true, Ordering::SeqCst);
     let acked = writes.join().unwrap();
@@ -207,7 +222,11 @@ fn store_down_at_the_flip_never_delays_the_kill_and_the_final_snapshot_follows_t
         "kill took {:?}",
         flipped.elapsed()
     );
-    assert!(port_refuses(&ip));
+    wait_reaped(&w);
+    assert!(
+        port_refuses(&ip),
+        "the public client port still accepts connections after the reap"
+    );
     let s = wait_for("a failed final snapshot attempt", START, || {
         let s = w.status();
         (s["ownership"]["fence"]["final_snapshot_failures_total"].as_u64() >= Some(1)).then_some(s)
