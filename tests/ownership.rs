@@ -85,7 +85,10 @@ fn keys_in_restored(etcd: &Path, store: &str) -> (Vec<String>, String) {
 
 #[test]
 fn ownership_flip_under_writes_kills_at_once_final_snapshot_holds_every_acknowledged_write() {
-    let etcd = etcd35();
+    // etcd 3.4: etcd 3.5.0-3.5.2 itself can lose the last acknowledged write to a SIGKILL (the
+    // consistent index persisted ahead of the data, etcd-io/etcd#13766, fixed in 3.5.3); CI saw it
+    // here once with 3.5.1 (the final snapshot one revision short), as tests/faults.rs did.
+    let etcd = etcd34();
     let ip = unique_ip();
     let dns = DnsServer::start(&ip);
     dns.set_owner(OWNER, "host-a");
@@ -175,16 +178,11 @@ fn ownership_flip_under_writes_kills_at_once_final_snapshot_holds_every_acknowle
     w.wait_ready(START);
     let s = w.status();
     assert!(s["ownership"]["fenced_since"].is_null(), "{s}");
-    let count = etcdctl(
-        &etcdctl_for(&etcd),
-        &ip,
-        &["get", "k", "--prefix", "--count-only", "-w", "fields"],
-    )
-    .unwrap();
-    assert!(
-        count.contains(&format!("\"Count\" : {}", keys.len())),
-        "after ownership returned, etcd holds a different number of keys than the final snapshot ({}): {count}",
-        keys.len()
+    let live = live_keys(&etcd, &ip, "k");
+    assert_eq!(
+        live.len(),
+        keys.len(),
+        "after ownership returned, etcd holds a different number of keys than the final snapshot"
     );
 }
 
@@ -400,7 +398,8 @@ fn stop_while_fenced_exits_cleanly_without_starting_etcd() {
 
 #[test]
 fn flapping_ownership_never_runs_two_etcds_on_the_data_dir_and_loses_nothing() {
-    let etcd = etcd35();
+    // etcd 3.4 for the same reason as the flip test: repeated SIGKILLs under writes.
+    let etcd = etcd34();
     let ip = unique_ip();
     let dns = DnsServer::start(&ip);
     dns.set_owner(OWNER, "host-a");
