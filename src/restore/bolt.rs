@@ -578,10 +578,8 @@ mod tests {
         assert!(Meta::parse(&p).is_none());
     }
 
-    #[test]
-    fn a_file_another_process_holds_is_refused() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("db");
+    /// A 4 KiB-page file: metas in pages 0 (txid 0) and 1 (txid 1), root at page 2, high water 3.
+    fn three_pages() -> (usize, Meta, Vec<u8>) {
         let ps = 4096usize;
         let meta = Meta {
             page_size: ps as u32,
@@ -594,6 +592,14 @@ mod tests {
         let mut raw = vec![0u8; 3 * ps];
         raw[..ps].copy_from_slice(&Meta { txid: 0, ..meta }.page(ps));
         raw[ps..2 * ps].copy_from_slice(&meta.page(ps));
+        (ps, meta, raw)
+    }
+
+    #[test]
+    fn a_file_another_process_holds_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("db");
+        let (_, _, raw) = three_pages();
         std::fs::write(&path, &raw).expect("write");
         let held = nix::fcntl::Flock::lock(
             File::open(&path).expect("open"),
@@ -670,19 +676,8 @@ mod tests {
     fn appending_many_keys_reads_back_in_order_across_levels() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("db");
-        let ps = 4096usize;
-        // Pages 0,1 meta; 2 root leaf with bucket "b" inline-empty; high water 3.
-        let mut raw = vec![0u8; 3 * ps];
-        let meta = Meta {
-            page_size: ps as u32,
-            flags: 0,
-            root: 2,
-            sequence: 0,
-            pgid: 3,
-            txid: 1,
-        };
-        raw[ps..2 * ps].copy_from_slice(&meta.page(ps));
-        raw[..ps].copy_from_slice(&Meta { txid: 0, ..meta }.page(ps));
+        // Root leaf with bucket "b" inline-empty, written below into page 2.
+        let (ps, meta, raw) = three_pages();
         let mut inline = BucketValue::encode(0, 0);
         inline.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
         std::fs::write(&path, &raw).expect("write");

@@ -156,13 +156,7 @@ pub async fn open_with_etcd(
     let private = super::execute::PrivateEtcd::start(reaper, etcd, data, name, &log, true).await?;
     let result = async {
         let mut client = private.client().await?;
-        let got = client
-            .get("\0", None)
-            .await
-            .map_err(|e| format!("read the restored revision: {e}"))?
-            .header()
-            .map(|h| h.revision())
-            .unwrap_or(0);
+        let got = super::execute::restored_revision(&mut client).await?;
         if got != revision {
             return Err(format!(
                 "etcd opened the restored data at revision {got}; the restore ended at {revision}"

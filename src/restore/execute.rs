@@ -515,6 +515,17 @@ fn write_deltas_blocking(
     Ok((revision, applied))
 }
 
+/// The revision a private etcd on restored data serves.
+pub(crate) async fn restored_revision(client: &mut Client) -> Result<i64, String> {
+    Ok(client
+        .get("\0", None)
+        .await
+        .map_err(|e| format!("read the restored revision: {e}"))?
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or(0))
+}
+
 async fn apply_deltas(
     store: &Store,
     private: &PrivateEtcd,
@@ -522,13 +533,7 @@ async fn apply_deltas(
     progress: &Progress,
 ) -> Result<(i64, u64), String> {
     let mut client = private.client().await?;
-    let current = client
-        .get("\0", None)
-        .await
-        .map_err(|e| format!("read the restored revision: {e}"))?
-        .header()
-        .map(|h| h.revision())
-        .unwrap_or(0);
+    let current = restored_revision(&mut client).await?;
     tracing::info!(revision = current, "full snapshot restored; applying deltas");
     let (replay_started, replay_from) = (Instant::now(), current);
     if let Some(stop) = cand.stop_at
