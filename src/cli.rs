@@ -306,6 +306,10 @@ pub async fn restore(
                         }
                         0
                     }
+                    Err(e @ crate::restore::execute::RestoreError::Tool { .. }) => {
+                        eprintln!("etcd-warden: {e}; nothing was changed");
+                        EX_USAGE
+                    }
                     Err(e) => {
                         eprintln!("etcd-warden: restore failed: {}", crate::telemetry::error_chain(&e));
                         1

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use nix::errno::Errno;
+use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use tokio::sync::oneshot;
@@ -139,11 +140,21 @@ pub async fn run_to_completion(
     reaper: &Reaper,
     cmd: &mut Command,
 ) -> io::Result<(ExitStatus, String, String)> {
+    run_bounded(reaper, cmd, None).await
+}
+
+/// `run_to_completion`, but a helper still running after `limit` is SIGKILLed (and reaped) and the
+/// call fails with `TimedOut`: for probes of a program that may not be what it claims to be.
+pub async fn run_bounded(
+    reaper: &Reaper,
+    cmd: &mut Command,
+    limit: Option<std::time::Duration>,
+) -> io::Result<(ExitStatus, String, String)> {
     use std::io::Read;
     cmd.stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-    let spawned = reaper.spawn(cmd)?;
+    let mut spawned = reaper.spawn(cmd)?;
     let read = |r: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
             let mut s = String::new();
@@ -155,12 +166,24 @@ pub async fn run_to_completion(
             s
         })
     };
-    let out = read(spawned.stdout.map(|o| Box::new(o) as Box<dyn Read + Send>));
-    let err = read(spawned.stderr.map(|o| Box::new(o) as Box<dyn Read + Send>));
-    let status = spawned
-        .exit
-        .await
-        .map_err(|_| io::Error::other("the reaper dropped the exit status"))?;
+    let out = read(spawned.stdout.take().map(|o| Box::new(o) as Box<dyn Read + Send>));
+    let err = read(spawned.stderr.take().map(|o| Box::new(o) as Box<dyn Read + Send>));
+    let dropped = || io::Error::other("the reaper dropped the exit status");
+    let status = match limit {
+        None => spawned.exit.await.map_err(|_| dropped())?,
+        Some(limit) => match tokio::time::timeout(limit, &mut spawned.exit).await {
+            Ok(status) => status.map_err(|_| dropped())?,
+            Err(_) => {
+                let _ = nix::sys::signal::kill(Pid::from_raw(spawned.pid as i32), Signal::SIGKILL);
+                let _ = spawned.exit.await;
+                // The reading threads end when the pipes close; a grandchild may hold them open.
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no answer within {}", humantime::format_duration(limit)),
+                ));
+            }
+        },
+    };
     let out = out.join().unwrap_or_default();
     let err = err.join().unwrap_or_default();
     Ok((status, out, err))

@@ -63,6 +63,10 @@ pub async fn run(
     });
     let (fence_tx, fence_rx) = watch::channel(FenceStatus::default());
     let (restores_tx, restores_rx) = watch::channel(RestoreStats::default());
+    let etcd_version = crate::etcd::version::of_binary(&reaper, &config.launch.program).await;
+    if let Some(v) = etcd_version {
+        crate::etcd::version::warn_known_issues(v, "etcd --version");
+    }
     let shared = Shared {
         child: child_rx.clone(),
         health: health_rx.clone(),
@@ -75,6 +79,7 @@ pub async fn run(
         restores: restores_rx,
         reaper: reaper.clone(),
         role,
+        etcd_binary_version: etcd_version,
         started_at: SystemTime::now(),
         store: config.store.to_string(),
         supervisor_heartbeat: Heartbeat::new(),
@@ -84,6 +89,7 @@ pub async fn run(
     shared.health_heartbeat.beat();
     tracing::info!(
         etcd = %config.launch.program.display(),
+        etcd_version = etcd_version.map(|v| v.to_string()),
         name = %config.etcd.name,
         data_dir = %config.etcd.data_dir.display(),
         endpoints = %config.client.endpoints.join(","),

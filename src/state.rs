@@ -30,6 +30,8 @@ pub struct Shared {
     pub restores: watch::Receiver<crate::restore::startup::RestoreStats>,
     pub reaper: Reaper,
     pub role: InitRole,
+    /// What `etcd --version` said before the first start (the server's own answer wins once seen).
+    pub etcd_binary_version: Option<crate::etcd::version::Version>,
     pub started_at: SystemTime,
     pub store: String,
     pub supervisor_heartbeat: Heartbeat,
@@ -125,6 +127,14 @@ impl Shared {
         let health = self.health.borrow().clone();
         let ready = self.readiness();
         let current = health.incarnation == child.incarnation && child.phase == Phase::Running;
+        let version = health
+            .version
+            .as_deref()
+            .and_then(crate::etcd::version::Version::parse)
+            .or(self.etcd_binary_version);
+        let known_issues = version
+            .map(crate::etcd::version::known_issues)
+            .unwrap_or_default();
         json!({
             "phase": self.phase(),
             "ready": ready.is_ok(),
@@ -143,6 +153,8 @@ impl Shared {
                 "db_size": health.db_size,
                 "leader": health.leader,
                 "checked_at": health.checked_at.map(to_unix),
+                "version": version.map(|v| v.to_string()),
+                "known_issues": known_issues,
             },
             "ownership": self.ownership_json(),
             "backup": self.backup_json(),

