@@ -1,9 +1,11 @@
 //! Everything about the etcd being run: its command line (`args`), the warden's client to it
-//! (`client`), the health loop (`health`) and which release it is (`version`).
+//! (`client`), the health loop (`health`), which release it is (`version`) and the throwaway etcd
+//! on loopback that restores, checks and fencing use (`private`).
 
 pub mod args;
 pub mod client;
 pub mod health;
+pub mod private;
 pub mod version;
 
 pub use args::EtcdArgs;

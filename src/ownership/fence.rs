@@ -17,8 +17,8 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::config::RunConfig;
+use crate::etcd::private::PrivateEtcd;
 use crate::pid1::Reaper;
-use crate::restore::execute::PrivateEtcd;
 use crate::snapshot::backup::SnapInfo;
 use crate::snapshot::full;
 use crate::store::layout::Kind;

@@ -153,10 +153,10 @@ pub async fn open_with_etcd(
     compact_to: Option<i64>,
 ) -> Result<u32, String> {
     let log = data.with_file_name("check-etcd.log");
-    let private = super::execute::PrivateEtcd::start(reaper, etcd, data, name, &log, true).await?;
+    let private = crate::etcd::private::PrivateEtcd::start(reaper, etcd, data, name, &log, true).await?;
     let result = async {
         let mut client = private.client().await?;
-        let got = super::execute::restored_revision(&mut client).await?;
+        let got = crate::etcd::private::restored_revision(&mut client).await?;
         if got != revision {
             return Err(format!(
                 "etcd opened the restored data at revision {got}; the restore ended at {revision}"

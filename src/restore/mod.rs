@@ -1,12 +1,15 @@
 //! Restore: plan (pure: which objects, which revisions) then execute (work dir beside the target,
-//! etcd's own restore tool, deltas written into its bbolt file, atomic swap).
+//! etcd's own restore tool, atomic swap). The deltas reach the restored member through `write`
+//! (into its bbolt file via `mvcc` and `bolt`), or `replay` (through a private etcd) as the fallback.
 
 pub mod bolt;
 pub mod drill;
 pub mod execute;
 pub mod mvcc;
 pub mod plan;
+mod replay;
 pub mod startup;
+mod write;
 
 pub use execute::{RestoreOptions, RestoreReport, restore};
 pub use plan::Target;

@@ -18,9 +18,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::execute::{PrivateEtcd, RestoreOptions, is_empty_dir, restore};
+use super::execute::{RestoreOptions, is_empty_dir, restore};
 use super::plan::{self, Target};
 use crate::config::RunConfig;
+use crate::etcd::private::PrivateEtcd;
 use crate::pid1::Reaper;
 use crate::store::Store;
 

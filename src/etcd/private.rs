@@ -1,0 +1,167 @@
+//! A throwaway etcd on loopback ports that only the warden knows: the start-up check's validation,
+//! the replay of deltas, deep verify and drills, and the fenced final snapshot.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use etcd_client::Client;
+
+use crate::pid1::{ExitStatus, Reaper, run_to_completion};
+
+/// A throwaway etcd on loopback ports that only the restore knows.
+pub struct PrivateEtcd {
+    pid: u32,
+    exit: tokio::sync::oneshot::Receiver<ExitStatus>,
+    endpoint: String,
+    stopped: bool,
+}
+
+impl Drop for PrivateEtcd {
+    /// An interrupted restore must not leave the private etcd running.
+    fn drop(&mut self) {
+        if !self.stopped {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("find a free loopback port: {e}"))
+}
+
+impl PrivateEtcd {
+    /// Starts etcd on `data` with client and peer listeners on loopback ports nobody else is told.
+    /// `scratch`: the dir is a restore's work dir, so fsync may be skipped (3.5+) and done once
+    /// before the swap; on a real data dir every write is synced as usual.
+    pub async fn start(
+        reaper: &Reaper,
+        etcd: &Path,
+        data: &Path,
+        name: &str,
+        log_path: &Path,
+        scratch: bool,
+    ) -> Result<Self, String> {
+        let log_path = log_path.to_owned();
+        // Where its errors go, so that a failed start can say why. Failing to create that file is
+        // the environment's problem, never evidence against the data dir: carry on without it.
+        let log: std::process::Stdio = match std::fs::File::create(&log_path) {
+            Ok(f) => f.into(),
+            Err(e) => {
+                tracing::warn!(path = %log_path.display(), error = %e, "cannot create the private etcd's log; running it without one");
+                std::process::Stdio::null()
+            }
+        };
+        let (client_port, peer_port) = (free_port()?, free_port()?);
+        let endpoint = format!("http://127.0.0.1:{client_port}");
+        let (_, version, _) = run_to_completion(reaper, Command::new(etcd).arg("--version"))
+            .await
+            .map_err(|e| format!("run {} --version: {e}", etcd.display()))?;
+        // Own process group, parent-death signal, no warden variables: like the supervised etcd.
+        let mut cmd = crate::supervisor::Launch {
+            program: etcd.to_owned(),
+            args: Vec::new(),
+        }
+        .command();
+        cmd.arg("--name")
+            .arg(name)
+            .arg("--data-dir")
+            .arg(data)
+            .arg("--listen-client-urls")
+            .arg(&endpoint)
+            .arg("--advertise-client-urls")
+            .arg(&endpoint)
+            .arg("--listen-peer-urls")
+            .arg(format!("http://127.0.0.1:{peer_port}"))
+            .arg("--log-level")
+            .arg("error")
+            .arg("--quota-backend-bytes")
+            .arg((8u64 << 30).to_string())
+            // A replayed revision is one transaction however many keys it changed (a range delete
+            // of thousands of keys is one revision), and as large as the original allowed.
+            .arg("--max-txn-ops")
+            .arg((1u32 << 20).to_string())
+            .arg("--max-request-bytes")
+            .arg((64u32 << 20).to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(log);
+        if scratch && !version.contains("etcd Version: 3.4") {
+            // 3.5+: skip fsync while replaying; the warden syncs the files once before the swap.
+            cmd.arg("--unsafe-no-fsync");
+        }
+        for (k, _) in std::env::vars() {
+            if k.starts_with("ETCD_") {
+                cmd.env_remove(k);
+            }
+        }
+        let spawned = reaper
+            .spawn(&mut cmd)
+            .map_err(|e| format!("start the private etcd: {e}"))?;
+        let mut me = Self {
+            pid: spawned.pid,
+            exit: spawned.exit,
+            endpoint,
+            stopped: false,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(status) = me.exit.try_recv() {
+                me.stopped = true;
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let tail: String = log.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
+                return Err(format!("the private etcd exited at start ({status}): {tail}"));
+            }
+            if let Ok(mut c) = me.client().await
+                && c.get("\0", Some(etcd_client::GetOptions::new().with_serializable()))
+                    .await
+                    .is_ok()
+            {
+                return Ok(me);
+            }
+            if Instant::now() > deadline {
+                me.stop().await;
+                return Err("the private etcd did not come up within 60 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn client(&self) -> Result<Client, String> {
+        let opts = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_timeout(Duration::from_secs(30));
+        Client::connect([self.endpoint.as_str()], Some(opts))
+            .await
+            .map_err(|e| format!("connect to the private etcd: {e}"))
+    }
+
+    pub async fn stop(mut self) {
+        self.stopped = true;
+        let pid = nix::unistd::Pid::from_raw(self.pid as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        if tokio::time::timeout(Duration::from_secs(30), &mut self.exit)
+            .await
+            .is_err()
+        {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.exit).await;
+        }
+    }
+}
+
+/// The revision a private etcd on restored data serves.
+pub async fn restored_revision(client: &mut Client) -> Result<i64, String> {
+    Ok(client
+        .get("\0", None)
+        .await
+        .map_err(|e| format!("read the restored revision: {e}"))?
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or(0))
+}

@@ -1,0 +1,202 @@
+//! The default way deltas reach a restored member: their revisions are written straight into its
+//! bbolt file (see `mvcc`), no etcd running. Also the per-revision decision that both this path and
+//! the replay through a private etcd (`replay`) make.
+
+use std::time::Instant;
+
+use super::mvcc::MvccFile;
+use super::plan::Candidate;
+use crate::snapshot::delta_codec::{Decoder, Record, Revision};
+use crate::snapshot::verify::read_verified;
+use crate::store::Store;
+use crate::store::layout::SnapshotName;
+use crate::telemetry::Progress;
+
+pub(super) enum Step {
+    /// Already in the full snapshot (or an overlapping delta).
+    Skip,
+    /// Past the point-in-time target.
+    Stop,
+    Apply,
+}
+
+/// What to do with revision `r` when the member is at `current`.
+pub(super) fn step(
+    r: &Revision,
+    current: i64,
+    cand: &Candidate,
+    delta: &SnapshotName,
+) -> Result<Step, String> {
+    if r.revision <= current {
+        return Ok(Step::Skip);
+    }
+    if cand.stop_at.is_some_and(|s| r.revision > s) {
+        return Ok(Step::Stop);
+    }
+    if r.revision != current + 1 {
+        return Err(format!(
+            "revision {} does not follow {current} in {}",
+            r.revision,
+            delta.key()
+        ));
+    }
+    if r.events.is_empty() {
+        return Err(format!(
+            "revision {} has no events in {}",
+            r.revision,
+            delta.key()
+        ));
+    }
+    Ok(Step::Apply)
+}
+
+pub(super) fn replay_progress(
+    progress: &Progress,
+    cand: &Candidate,
+    i: usize,
+    from: i64,
+    current: i64,
+    started: Instant,
+) {
+    progress.tick(|| {
+        format!(
+            "applying deltas: {} (revision {current}, delta {} of {})",
+            crate::telemetry::rate_line(
+                (current - from).max(0) as u64,
+                Some((cand.target_revision - from).max(0) as u64),
+                started.elapsed(),
+                "revisions"
+            ),
+            i + 1,
+            cand.deltas.len()
+        )
+    });
+}
+
+/// Deltas whose stored object is at most this large are fetched ahead into memory, up to
+/// [`FETCH_AHEAD`] at once: a quiet cluster's chain is hundreds of small objects, and one round
+/// trip after another to a remote store would dominate the restore. Larger ones stream at their
+/// turn (their transfer time outweighs the round trip). Bounds what is held to ~20 MiB.
+const FETCH_AHEAD_MAX_OBJECT: u64 = 2 << 20;
+const FETCH_AHEAD: usize = 8;
+
+/// Where to read one delta from: an in-memory copy fetched ahead, or the store itself.
+async fn fetch_ahead(store: Store, name: SnapshotName) -> Store {
+    use object_store::ObjectStoreExt;
+    let path = object_store::path::Path::from(name.key());
+    // Any failure here is left to the read at its turn, which reports it properly.
+    let Ok(got) = store.inner.get(&path).await else {
+        return store;
+    };
+    if got.meta.size > FETCH_AHEAD_MAX_OBJECT {
+        return store;
+    }
+    let Ok(bytes) = got.bytes().await else {
+        return store;
+    };
+    let mem = object_store::memory::InMemory::new();
+    if mem.put(&path, bytes.into()).await.is_err() {
+        return store;
+    }
+    Store {
+        inner: std::sync::Arc::new(mem),
+        ..store
+    }
+}
+
+/// Writes the deltas' revisions into the restored db file (see `mvcc`), no etcd running. Runs on a
+/// blocking thread: each delta streams through decompression, decoding and the bbolt writer a chunk
+/// at a time, so memory stays flat however large a delta is, while small deltas are fetched ahead.
+/// Records are written before their delta's digest is checked at its end; a failed check fails the
+/// whole candidate, and nothing is committed to the file before every delta has verified.
+pub(super) async fn write_deltas(
+    store: &Store,
+    file: MvccFile,
+    cand: &Candidate,
+    progress: &Progress,
+) -> Result<(i64, u64), String> {
+    use futures_util::StreamExt;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Store>(1);
+    let fetcher = {
+        let (store, deltas) = (store.clone(), cand.deltas.clone());
+        tokio::spawn(async move {
+            let mut sources = futures_util::stream::iter(deltas)
+                .map(|n| fetch_ahead(store.clone(), n))
+                .buffered(FETCH_AHEAD);
+            while let Some(source) = sources.next().await {
+                if tx.send(source).await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    let (cand, progress) = (cand.clone(), progress.clone());
+    let handle = tokio::runtime::Handle::current();
+    let result =
+        tokio::task::spawn_blocking(move || write_deltas_blocking(&handle, rx, file, &cand, &progress))
+            .await
+            .map_err(|e| format!("write the deltas: {e}"));
+    fetcher.abort();
+    result?
+}
+
+fn write_deltas_blocking(
+    handle: &tokio::runtime::Handle,
+    mut sources: tokio::sync::mpsc::Receiver<Store>,
+    mut file: MvccFile,
+    cand: &Candidate,
+    progress: &Progress,
+) -> Result<(i64, u64), String> {
+    let (started, from) = (Instant::now(), file.revision());
+    tracing::info!(
+        revision = from,
+        "full snapshot restored; writing the deltas into its db"
+    );
+    if let Some(stop) = cand.stop_at
+        && from > stop
+    {
+        return Err(format!(
+            "the full snapshot already holds revision {from}, past the target {stop}"
+        ));
+    }
+    let mut applied = 0u64;
+    for (i, delta) in cand.deltas.iter().enumerate() {
+        let store = sources.blocking_recv().ok_or("the delta fetcher stopped early")?;
+        let mut decoder = Decoder::new();
+        let mut stop = false;
+        // Past a point-in-time target the rest of the delta is still read, for its digest.
+        handle.block_on(read_verified(&store, delta, |raw| {
+            for rec in decoder.push(raw).map_err(|e| e.to_string())? {
+                match rec {
+                    _ if stop => {}
+                    Record::Lease(l) => file.add_lease(l.id, l.granted_ttl),
+                    Record::Revision(r) => match step(&r, file.revision(), cand, delta)? {
+                        Step::Skip => {}
+                        Step::Stop => stop = true,
+                        Step::Apply => {
+                            file.apply(&r)
+                                .map_err(|e| format!("write {} into the restored db: {e}", delta.key()))?;
+                            applied += 1;
+                        }
+                    },
+                }
+            }
+            Ok(())
+        }))?;
+        decoder.finish().map_err(|e| e.to_string())?;
+        replay_progress(progress, cand, i, from, file.revision(), started);
+        if stop {
+            break;
+        }
+    }
+    let revision = file.revision();
+    file.commit()
+        .map_err(|e| format!("commit the restored db: {e}"))?;
+    tracing::info!(
+        revisions = applied,
+        revision,
+        secs = started.elapsed().as_secs_f64(),
+        "deltas written into the restored db"
+    );
+    Ok((revision, applied))
+}
