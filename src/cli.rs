@@ -268,6 +268,19 @@ pub async fn restore(
         },
         (None, None) => Target::Latest,
     };
+    if (args.bump_revision > 0) != args.mark_compacted {
+        eprintln!(
+            "etcd-warden: --bump-revision N and --mark-compacted go together (as in etcdutl): give both, or neither; nothing was changed"
+        );
+        return EX_USAGE;
+    }
+    if i64::try_from(args.bump_revision).is_err() {
+        eprintln!(
+            "etcd-warden: --bump-revision {}: too large for etcd's 64-bit revisions",
+            args.bump_revision
+        );
+        return EX_USAGE;
+    }
     let data_dir = if args.data_dir.is_absolute() {
         args.data_dir.clone()
     } else {
@@ -283,6 +296,7 @@ pub async fn restore(
         initial_advertise_peer_urls: args.initial_advertise_peer_urls.clone(),
         initial_cluster_token: args.initial_cluster_token.clone(),
         target,
+        bump_revision: args.bump_revision,
     };
     let work = crate::restore::restore(&store, &opts, &reaper);
     tokio::pin!(work);
@@ -294,12 +308,28 @@ pub async fn restore(
                     Ok(report) => {
                         println!(
                             "restored {} at revision {} from {} (+{} deltas, {} revisions applied) in {:.1}s",
-                            opts.data_dir.display(), report.revision, report.full, report.deltas, report.revisions_applied, report.seconds
+                            opts.data_dir.display(), report.backed_up_revision, report.full, report.deltas, report.revisions_applied, report.seconds
                         );
-                        if target != Target::Latest {
+                        if report.bumped_by > 0 {
                             println!(
-                                "NOTE: this is older than the store's newest backup. Start `etcd-warden run` on it with a new --store (or prefix): with this store its start-up check would find the data dir behind and restore the newest backup over it (the dir would be kept aside, not lost)."
+                                "revision bumped by {} to {}; every revision up to it is marked compacted",
+                                report.bumped_by, report.revision
                             );
+                        }
+                        if target != Target::Latest {
+                            match store.catalog().await.ok().and_then(|(fulls, chains)| {
+                                crate::restore::plan::candidates(&fulls, &|b| chains.get(&b).cloned().unwrap_or_default(), Target::Latest)
+                                    .first()
+                                    .map(|c| c.target_revision)
+                            }) {
+                                Some(newest) if report.revision > newest => println!(
+                                    "NOTE: revision {} is above the store's newest backup ({newest}): `etcd-warden run` on this data dir with this store keeps it, and its next full snapshot starts a new chain.",
+                                    report.revision
+                                ),
+                                _ => println!(
+                                    "NOTE: this is older than the store's newest backup. Restore again with --bump-revision N --mark-compacted (N above the newest backup's revision minus this one) before `etcd-warden run` with this store, or use a new --store: otherwise its start-up check would find the data dir behind and restore the newest backup over it (the dir would be kept aside, not lost)."
+                                ),
+                            }
                         }
                         for (key, why) in &report.skipped {
                             println!("WARNING: skipped {key}: {why}");

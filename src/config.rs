@@ -127,6 +127,13 @@ pub struct RestoreArgs {
     /// age identity file, for backups written with --encrypt-to.
     #[arg(long, env = "ETCD_WARDEN_IDENTITY_FILE", value_name = "FILE")]
     pub identity: Option<PathBuf>,
+    /// Raise the restored revision by N (with --mark-compacted), as etcdutl: clients that saw newer
+    /// revisions than the backup are never handed those numbers again.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub bump_revision: u64,
+    /// Mark every revision up to the bumped one compacted (required with --bump-revision > 0).
+    #[arg(long)]
+    pub mark_compacted: bool,
 }
 
 #[derive(Debug, Args)]
@@ -253,6 +260,11 @@ pub struct RunOptions {
     /// schedule and export the time of the last success [default: off]
     #[arg(long, env = "ETCD_WARDEN_VERIFY_SCHEDULE", value_name = "CRON")]
     pub verify_schedule: Option<String>,
+    /// After an automatic restore at start, raise the revision by this much and mark everything up to
+    /// it compacted, so no client is handed a revision it may have seen before the loss (as
+    /// etcdutl's --bump-revision --mark-compacted); 0 turns it off [default: 1000000000]
+    #[arg(long, env = "ETCD_WARDEN_RESTORE_BUMP_REVISION", value_name = "N")]
+    pub restore_bump_revision: Option<u64>,
     /// Which snapshots to keep: exponential (all of the last hour, then hourly for a day, daily for a
     /// week, weekly for four weeks) or last:N [default: exponential]
     #[arg(long, env = "ETCD_WARDEN_RETENTION", value_name = "POLICY")]
@@ -318,6 +330,10 @@ fn parse_duration_arg(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write a duration such as 2s or 500ms)"))
 }
 
+/// The default `--restore-bump-revision`: far above any backup lag (a busy cluster writes a few
+/// thousand revisions a second), and still room for billions of restores in an i64.
+pub const DEFAULT_RESTORE_BUMP: u64 = 1_000_000_000;
+
 /// Everything `run` needs, validated.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
@@ -332,6 +348,8 @@ pub struct RunConfig {
     pub config_file: Option<PathBuf>,
     pub backup: BackupConfig,
     pub verify_schedule: Option<croner::Cron>,
+    /// The revision bump of an automatic restore at start (0: none).
+    pub restore_bump_revision: u64,
     /// `None`: no ownership check; this host always owns the data.
     pub ownership: Option<OwnershipConfig>,
     pub admin_socket: Option<PathBuf>,
@@ -393,6 +411,7 @@ impl RunOptions {
             delta_snapshot_max_bytes: self.delta_snapshot_max_bytes.or(file.delta_snapshot_max_bytes),
             retention: self.retention.or(file.retention),
             verify_schedule: self.verify_schedule.or(file.verify_schedule),
+            restore_bump_revision: self.restore_bump_revision.or(file.restore_bump_revision),
             full_snapshot_after_revisions: self
                 .full_snapshot_after_revisions
                 .or(file.full_snapshot_after_revisions),
@@ -654,6 +673,7 @@ impl RunConfig {
             config_file: args.config,
             backup,
             verify_schedule,
+            restore_bump_revision: o.restore_bump_revision.unwrap_or(DEFAULT_RESTORE_BUMP),
             ownership,
             admin_socket: o.admin_socket,
             admin_token_file: o.admin_token_file,

@@ -12,6 +12,12 @@ use nix::sys::signal::Signal;
 
 const START: Duration = Duration::from_secs(60);
 
+/// What an automatic restore serves: the backed-up keys, at the backed-up revision plus the default
+/// `--restore-bump-revision` (tests/revisions.rs checks what that means for clients).
+fn bumped((rev, kvs): (i64, String)) -> (i64, String) {
+    (rev + 1_000_000_000, kvs)
+}
+
 fn dump(ctl: &Path, ip: &str) -> (i64, String) {
     let out = etcdctl(ctl, ip, &["get", "", "--prefix", "-w", "json"]).unwrap();
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -90,7 +96,7 @@ fn missing_data_dir_is_restored_at_start() {
     w.wait_ready(START);
     assert_eq!(
         dump(&s.ctl, &s.ip),
-        original,
+        bumped(original),
         "restored content or revision differs"
     );
     assert!(w.log_text().contains("data dir restored"), "{}", w.log_text());
@@ -109,7 +115,7 @@ fn garbage_db_is_moved_aside_and_restored() {
     w.wait_ready(START);
     assert_eq!(
         dump(&s.ctl, &s.ip),
-        original,
+        bumped(original),
         "restored content or revision differs"
     );
     let broken = s.siblings(".broken-");
@@ -134,7 +140,11 @@ fn data_dir_behind_the_store_is_replaced_and_kept_aside() {
     std::fs::rename(&copy, s.data()).unwrap();
     let mut w = s.warden();
     w.wait_ready(START);
-    assert_eq!(dump(&s.ctl, &s.ip), newest, "not restored to the newest backup");
+    assert_eq!(
+        dump(&s.ctl, &s.ip),
+        bumped(newest),
+        "not restored to the newest backup"
+    );
     assert_eq!(
         s.siblings(".behind-").len(),
         1,

@@ -38,6 +38,9 @@ pub struct RestoreOptions {
     pub initial_advertise_peer_urls: Option<String>,
     pub initial_cluster_token: Option<String>,
     pub target: Target,
+    /// Raise the restored revision by this much and mark everything up to it compacted (0: off),
+    /// as etcdutl's `--bump-revision N --mark-compacted`.
+    pub bump_revision: u64,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -45,7 +48,12 @@ pub struct RestoreReport {
     pub full: String,
     pub deltas: usize,
     pub revisions_applied: u64,
+    /// The newest backed-up revision restored (the target's).
+    pub backed_up_revision: i64,
+    /// The revision the restored member serves: `backed_up_revision + bumped_by`.
     pub revision: i64,
+    /// The revision bump (0: none); everything at or below `revision` is marked compacted.
+    pub bumped_by: u64,
     /// Candidates tried before the one used, with why they failed.
     pub skipped: Vec<(String, String)>,
     pub seconds: f64,
@@ -100,6 +108,8 @@ impl RestoreOptions {
             initial_advertise_peer_urls: Some("http://127.0.0.1:2380".into()),
             initial_cluster_token: None,
             target: Target::Latest,
+            // A scratch copy is compared with the live history revision for revision.
+            bump_revision: 0,
         }
     }
 }
@@ -162,7 +172,11 @@ pub async fn restore(
         std::fs::create_dir_all(&work).map_err(io("create the work dir", &work))?;
         tracing::info!(full = %cand.full.key(), deltas = cand.deltas.len(), target_revision = cand.target_revision, "restoring");
         match attempt(store, opts, reaper, &cand, &work).await {
-            Ok((revision, applied)) => {
+            Ok(Restored {
+                revision,
+                served,
+                applied,
+            }) => {
                 let built = work.join("data");
                 if opts.data_dir.exists() {
                     std::fs::remove_dir(&opts.data_dir)
@@ -184,7 +198,9 @@ pub async fn restore(
                     full: cand.full.key(),
                     deltas: cand.deltas.len(),
                     revisions_applied: applied,
-                    revision,
+                    backed_up_revision: revision,
+                    revision: served,
+                    bumped_by: opts.bump_revision,
                     skipped,
                     seconds: started.elapsed().as_secs_f64(),
                 });
@@ -255,7 +271,7 @@ async fn attempt(
     reaper: &Reaper,
     cand: &Candidate,
     work: &Path,
-) -> Result<(i64, u64), String> {
+) -> Result<Restored, String> {
     let db = work.join("snapshot.db");
     let t = Instant::now();
     opts.progress
@@ -310,15 +326,45 @@ async fn attempt(
     }
     let _ = std::fs::remove_file(&db);
 
+    let db = data.join("member").join("snap").join("db");
+    let (revision, applied) = deltas(store, opts, reaper, cand, work, &db).await?;
+    let served = match opts.bump_revision {
+        0 => revision,
+        n => bump(&db, n)?,
+    };
+    // etcdutl, the bbolt writer and the private etcd leave files that the rename must not outrun.
+    sync_tree(&data);
+    Ok(Restored {
+        revision,
+        served,
+        applied,
+    })
+}
+
+/// What one attempt built: the backed-up revision it reached, and the one etcd will serve.
+struct Restored {
+    revision: i64,
+    served: i64,
+    applied: u64,
+}
+
+/// Brings the restored member from its full snapshot to the candidate's target revision.
+async fn deltas(
+    store: &Store,
+    opts: &RestoreOptions,
+    reaper: &Reaper,
+    cand: &Candidate,
+    work: &Path,
+    db: &Path,
+) -> Result<(i64, u64), String> {
     let needs_deltas = !cand.deltas.is_empty() || cand.stop_at.is_some();
     if !needs_deltas {
         return Ok((cand.full.last_revision(), 0));
     }
-    let db = data.join("member").join("snap").join("db");
     if std::env::var_os(REPLAY_THROUGH_ETCD).is_some() {
         tracing::info!("{REPLAY_THROUGH_ETCD} is set: replaying the deltas through a private etcd");
     } else {
-        match MvccFile::open(&db) {
+        match MvccFile::open(db) {
             Ok(file) => return super::write::write_deltas(store, file, cand, &opts.progress).await,
             // Checked before anything is written: the replay below still works on the file.
             Err(e) => {
@@ -326,10 +372,14 @@ async fn attempt(
             }
         }
     }
+    let data = db
+        .ancestors()
+        .nth(3)
+        .ok_or_else(|| format!("{} is not inside a data dir", db.display()))?;
     let private = PrivateEtcd::start(
         reaper,
         &opts.etcd,
-        &data,
+        data,
         &opts.name,
         &work.join("private-etcd.log"),
         true,
@@ -337,9 +387,31 @@ async fn attempt(
     .await?;
     let result = super::replay::apply_deltas(store, &private, cand, &opts.progress).await;
     private.stop().await;
-    let (revision, applied) = result?;
-    sync_tree(&data);
-    Ok((revision, applied))
+    result
+}
+
+/// Raises the restored member's revision by `amount` and marks everything up to the new revision
+/// compacted (`MvccFile::bump_and_mark_compacted`, what etcdutl's `--bump-revision --mark-compacted`
+/// does): no client that saw a revision after the backup is handed that number again, and a watch
+/// resumed from one is told "compacted" instead of silently missing events.
+fn bump(db: &Path, amount: u64) -> Result<i64, String> {
+    let t = Instant::now();
+    let mut file =
+        MvccFile::open(db).map_err(|e| format!("open the restored db to bump its revision: {e}"))?;
+    let from = file.revision();
+    let to = file
+        .bump_and_mark_compacted(amount)
+        .map_err(|e| format!("bump the restored revision: {e}"))?;
+    file.commit()
+        .map_err(|e| format!("commit the bumped revision: {e}"))?;
+    tracing::info!(
+        from,
+        to,
+        amount,
+        secs = t.elapsed().as_secs_f64(),
+        "revision bumped; everything up to it marked compacted"
+    );
+    Ok(to)
 }
 
 /// Set (to anything) to replay deltas through a private etcd instead of writing them into the

@@ -38,6 +38,8 @@ pub struct MvccFile {
     leases: BTreeMap<Vec<u8>, Vec<u8>>,
     lease_ids: HashSet<i64>,
     leases_changed: bool,
+    /// Entries of the `meta` bucket to set at commit.
+    meta_puts: BTreeMap<Vec<u8>, Vec<u8>>,
     revision: i64,
 }
 
@@ -149,6 +151,7 @@ impl MvccFile {
             leases,
             lease_ids,
             leases_changed: false,
+            meta_puts: BTreeMap::new(),
             revision,
         })
     }
@@ -204,6 +207,28 @@ impl MvccFile {
         Ok(())
     }
 
+    /// What etcdutl's `snapshot restore --bump-revision N --mark-compacted` does (etcdutl 3.6's
+    /// unsafeBumpBucketsRevision and unsafeMarkRevisionCompacted): an entry with an empty value at
+    /// revision `current + amount` (sub 0) in the `key` bucket, and `scheduledCompactRev` in `meta`
+    /// set to it. etcd starts at that revision and runs the scheduled compaction, so every older
+    /// revision answers "compacted". `current` counts the compaction marks too (etcdutl looks at the
+    /// key bucket only), so the new revision is above every revision the member ever had. Last:
+    /// nothing can be applied after it.
+    pub fn bump_and_mark_compacted(&mut self, amount: u64) -> Result<i64, BoltError> {
+        let to = i64::try_from(amount)
+            .ok()
+            .and_then(|a| self.revision.checked_add(a))
+            .filter(|_| amount > 0)
+            .ok_or_else(|| {
+                BoltError::Unsupported(format!("cannot bump revision {} by {amount}", self.revision))
+            })?;
+        let key = revision_key(to, 0, false);
+        self.keys.push(&mut self.db, 0, key.clone(), Vec::new())?;
+        self.meta_puts.insert(SCHEDULED_COMPACT.to_vec(), key);
+        self.revision = to;
+        Ok(to)
+    }
+
     /// Makes the appended revisions and leases the file's content (one meta write, synced).
     pub fn commit(mut self) -> Result<(), BoltError> {
         let mut root = std::mem::take(&mut self.root);
@@ -220,10 +245,28 @@ impl MvccFile {
         } else {
             None
         };
+        let meta_root = if self.meta_puts.is_empty() {
+            None
+        } else {
+            let mut items: BTreeMap<Vec<u8>, (u32, Vec<u8>)> = self
+                .db
+                .bucket_items(&BucketValue::parse(bucket(&root, META_BUCKET)?)?)?
+                .into_iter()
+                .map(|(f, k, v)| (k, (f, v)))
+                .collect();
+            for (k, v) in std::mem::take(&mut self.meta_puts) {
+                items.insert(k, (0, v));
+            }
+            Some(
+                self.db
+                    .write_tree(items.into_iter().map(|(k, (f, v))| (f, k, v)).collect())?,
+            )
+        };
         for (_, name, value) in root.iter_mut() {
             let new_root = match name.as_slice() {
                 KEY_BUCKET => Some(key_root),
                 LEASE_BUCKET => lease_root,
+                META_BUCKET => meta_root,
                 _ => None,
             };
             if let Some(r) = new_root {

@@ -32,7 +32,9 @@ pub enum Decision {
     Keep(String),
     /// The data dir was restored (and the old one, if any, moved to this path).
     Restored {
+        /// What etcd serves: the backed-up revision plus the bump.
         revision: i64,
+        backed_up_revision: i64,
         moved_aside: Option<PathBuf>,
         seconds: f64,
     },
@@ -42,7 +44,10 @@ pub enum Decision {
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct RestoreStats {
     pub total: u64,
+    /// The revision the last restore left etcd at (the backed-up one plus the bump).
     pub last_revision: Option<i64>,
+    /// The newest backed-up revision the last restore reached.
+    pub last_backed_up_revision: Option<i64>,
     pub last_seconds: Option<f64>,
     #[serde(with = "crate::telemetry::opt_unix_seconds")]
     pub last_at: Option<std::time::SystemTime>,
@@ -227,13 +232,15 @@ pub async fn prepare(
         initial_advertise_peer_urls: cfg.etcd.initial_advertise_peer_urls.clone(),
         initial_cluster_token: cfg.etcd.initial_cluster_token.clone(),
         target: Target::Latest,
+        bump_revision: cfg.restore_bump_revision,
     };
     match restore(&store, &opts, reaper).await {
         Ok(report) => {
-            tracing::info!(revision = report.revision, full = %report.full, deltas = report.deltas, seconds = report.seconds, "data dir restored");
+            tracing::info!(revision = report.revision, backed_up_revision = report.backed_up_revision, bumped_by = report.bumped_by, full = %report.full, deltas = report.deltas, seconds = report.seconds, "data dir restored");
             status.send_replace(None);
             Ok(Decision::Restored {
                 revision: report.revision,
+                backed_up_revision: report.backed_up_revision,
                 moved_aside: moved,
                 seconds: report.seconds,
             })

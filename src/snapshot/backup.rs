@@ -736,10 +736,7 @@ impl Backup {
                 EtcdEventType::Delete => EventType::Delete,
             };
             if kind == EventType::Put && buf.needs_lease(kv.lease()) {
-                let granted_ttl = match client.lease_time_to_live(kv.lease(), None).await {
-                    Ok(r) => r.granted_ttl(),
-                    Err(_) => -1,
-                };
+                let granted_ttl = lease_granted_ttl(client, kv.lease()).await?;
                 buf.push_lease(Lease {
                     id: kv.lease(),
                     granted_ttl,
@@ -798,6 +795,32 @@ pub fn parse_cron(s: &str) -> Result<croner::Cron, String> {
         .build()
         .parse(s)
         .map_err(|e| e.to_string())
+}
+
+/// The TTL a lease was granted with, for the delta that first uses it. etcd answers a lease that
+/// no longer exists with TTL -1 (no error): that, and only that, is recorded as gone (the restore
+/// then writes the put without a lease). A failed request is retried; if etcd keeps failing, the
+/// stream reconnects (complete revisions are flushed first) instead of recording a lease as gone
+/// whose key would then never expire after a restore.
+async fn lease_granted_ttl(client: &mut Client, id: i64) -> Result<i64, Outcome> {
+    let mut delay = Duration::from_millis(100);
+    for attempt in 1..=5 {
+        match client.lease_time_to_live(id, None).await {
+            // Not found: TTL -1 and no granted TTL. An expired lease being revoked still has its
+            // granted TTL, which the restore keeps so that the key still expires.
+            Ok(r) if r.granted_ttl() <= 0 => return Ok(-1),
+            Ok(r) => return Ok(r.granted_ttl()),
+            Err(e) if attempt == 5 => {
+                tracing::warn!(lease = format!("{id:x}"), error = %e, "cannot read a lease's TTL; reconnecting the delta stream");
+            }
+            Err(e) => {
+                tracing::debug!(lease = format!("{id:x}"), error = %e, attempt, "lease TTL lookup failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+        }
+    }
+    Err(Outcome::Reconnect)
 }
 
 #[cfg(test)]
