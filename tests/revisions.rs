@@ -200,7 +200,7 @@ fn restore_cli(store: &str, data: &Path, etcd: &Path, ip: &str, extra: &[&str]) 
 fn served(etcd: &Path, data: &Path, ip: &str) -> (i64, u32) {
     let plain = PlainEtcd::start(etcd, ip, data, "m1");
     let got = rt().block_on(async {
-        let mut c = client(&ip).await;
+        let mut c = client(ip).await;
         let rev = state(&mut c).await.0;
         (rev, c.hash_kv(rev).await.unwrap().hash())
     });
