@@ -128,27 +128,28 @@ async fn list(url: &str, as_json: bool) -> i32 {
     };
     let result: Result<Vec<serde_json::Value>, crate::store::StoreError> = async {
         let mut rows = Vec::new();
-        let mut bases = store.list_chain_bases().await?;
-        let fulls = store.list_fulls().await?;
+        let (fulls, chains) = store.catalog_with_meta().await?;
         for (n, m) in &fulls {
-            rows.push((n.last_revision(), 0, *n, m.size));
+            rows.push((n.chain(), 0, *n, m.size));
         }
-        bases.sort_unstable();
-        for base in bases {
-            for (n, m) in store.list_chain(base).await? {
-                rows.push((base, 1, n, m.size));
+        for (chain, deltas) in chains {
+            for (n, m) in deltas {
+                rows.push((Some(chain), 1, n, m.size));
             }
         }
         rows.sort_by_key(|(base, order, n, _)| (*base, *order, n.last_revision(), n.created_ms));
         Ok(rows
             .into_iter()
-            .map(|(_, _, n, size)| {
+            .map(|(chain, _, n, size)| {
                 let (kind, first, last, base, is_final) = match n.kind {
                     Kind::Full { revision, is_final } => ("full", revision, revision, revision, is_final),
-                    Kind::Delta { base, first, last } => ("delta", first, last, base, false),
+                    Kind::Delta {
+                        base, first, last, ..
+                    } => ("delta", first, last, base, false),
                 };
                 json!({
                     "key": n.key(), "kind": kind, "base": base, "first": first, "last": last,
+                    "chain": chain.map(|c| c.to_string()),
                     "created": humantime::format_rfc3339_millis(n.created()).to_string(),
                     "compression": n.compression.as_str(), "encryption": n.encryption.as_str(),
                     "final": is_final, "size": size,
@@ -318,7 +319,7 @@ pub async fn restore(
                         }
                         if target != Target::Latest {
                             match store.catalog().await.ok().and_then(|(fulls, chains)| {
-                                crate::restore::plan::candidates(&fulls, &|b| chains.get(&b).cloned().unwrap_or_default(), Target::Latest)
+                                crate::restore::plan::candidates(&fulls, &|c| chains.get(&c).cloned().unwrap_or_default(), Target::Latest)
                                     .first()
                                     .map(|c| c.target_revision)
                             }) {

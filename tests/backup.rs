@@ -129,7 +129,8 @@ fn file_store_round_trip(etcd: &Path, v35: bool) {
     );
 
     // The first chain holds every revision after its full, the lease record before the leased put.
-    let chain = rt.block_on(store.list_chain(first_full.last_revision())).unwrap();
+    let names: Vec<_> = fulls.iter().map(|(n, _)| *n).collect();
+    let chain = rt.block_on(store.list_chain(first_full, &names)).unwrap();
     assert!(!chain.is_empty(), "no deltas after the first full snapshot");
     let mut records = Vec::new();
     for (n, _) in &chain {
@@ -399,8 +400,10 @@ fn sigterm_flushes_the_pending_delta_before_stopping_etcd() {
     })
     .unwrap();
     let fulls = rt.block_on(store.list_fulls()).unwrap();
-    let base = fulls.last().unwrap().0.last_revision();
-    let chain = rt.block_on(store.list_chain(base)).unwrap();
+    let names: Vec<_> = fulls.iter().map(|(n, _)| *n).collect();
+    let newest = fulls.last().unwrap().0;
+    let base = newest.last_revision();
+    let chain = rt.block_on(store.list_chain(&newest, &names)).unwrap();
     let last = chain.last().map(|(n, _)| n.last_revision()).unwrap_or(base);
     assert_eq!(last, rev, "the delta pending at SIGTERM was not flushed");
 }

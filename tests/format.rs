@@ -22,6 +22,7 @@ fn header(rev: i64) -> Header {
         kind: "full".into(),
         revision: Some(rev),
         base: None,
+        base_created: None,
         first: None,
         last: None,
         created: "2026-11-29T00:00:00.000Z".into(),

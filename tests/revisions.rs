@@ -393,3 +393,119 @@ fn point_in_time_restore_then_run_keeps_it_and_starts_a_new_chain() {
         "the newest chain is not the one started after the restore"
     );
 }
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+/// Two histories whose full snapshots share a revision B under one prefix (a restore to B without a
+/// bump went on writing, and its backups were merged into the same store): each delta names the
+/// exact full it extends, so a restore of either history is exact and never splices the other's
+/// deltas onto it (they cover the same revision numbers with other content).
+#[test]
+fn two_histories_sharing_a_base_revision_never_mix() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let rt = rt();
+    // History 1: a full at B, then five revisions.
+    let (mut w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);
+    let b = rt.block_on(async {
+        let mut c = client(&ip).await;
+        for i in 0..5 {
+            c.put(format!("/shared/{i}"), "before B", None).await.unwrap();
+        }
+        state(&mut c).await.0
+    });
+    w.signal(Signal::SIGUSR1);
+    wait_for(&format!("a full snapshot at {b}"), START, || {
+        let st = &w.status()["backup"];
+        (st["chain_base"].as_i64() == Some(b)).then_some(())
+    });
+    let one = rt.block_on(async {
+        let mut c = client(&ip).await;
+        for i in 0..5 {
+            c.put(format!("/history-1/{i}"), "one", None).await.unwrap();
+        }
+        state(&mut c).await
+    });
+    assert_eq!(one.0, b + 5);
+    wait_for(&format!("revision {} in the store", one.0), START, || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(one.0)).then_some(())
+    });
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    let between = now_rfc3339();
+    std::thread::sleep(Duration::from_millis(20)); // the next full's creation time is after `between`
+
+    // History 2: the same data restored to B (no bump), backed up to a second store, three revisions.
+    let data2 = dir.path().join("data2");
+    restore_cli(&store, &data2, &etcd, &ip, &["--to-revision", &b.to_string()]);
+    let store2 = format!("file://{}", dir.path().join("store2").display());
+    let mut w2 = Warden::start(
+        &ip,
+        &["--store", &store2, "--delta-snapshot-period", "200ms"],
+        &etcd_argv(&etcd, &ip, &data2),
+    );
+    w2.wait_ready(START);
+    wait_for(&format!("history 2's full snapshot at {b}"), START, || {
+        (w2.status()["backup"]["chain_base"].as_i64() == Some(b)).then_some(())
+    });
+    let two = rt.block_on(async {
+        let mut c = client(&ip).await;
+        for i in 0..3 {
+            c.put(format!("/history-2/{i}"), vec![b'2'; 50 + i], None)
+                .await
+                .unwrap();
+        }
+        state(&mut c).await
+    });
+    assert_eq!(two.0, b + 3);
+    wait_for(&format!("revision {} in store 2", two.0), START, || {
+        (w2.status()["backup"]["backed_up_revision"].as_i64() >= Some(two.0)).then_some(())
+    });
+    w2.signal(Signal::SIGTERM);
+    w2.wait_exit(START);
+    copy_tree(&dir.path().join("store2"), &dir.path().join("store"));
+
+    let verify = Command::new(WARDEN)
+        .args(["backups", "verify", "--store", &store])
+        .output()
+        .unwrap();
+    assert_eq!(
+        verify.status.code(),
+        Some(0),
+        "verify of both histories: {}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    // The newest full is history 2's: latest is history 2 exactly.
+    let ip2 = unique_ip();
+    for (what, extra, want) in [
+        ("latest (history 2)", vec![], &two),
+        (
+            "as of before history 2 began (history 1)",
+            vec!["--to-time", between.as_str()],
+            &one,
+        ),
+    ] {
+        let target = dir.path().join(format!("restored-{}", want.0));
+        restore_cli(&store, &target, &etcd, &ip2, &extra);
+        let plain = PlainEtcd::start(&etcd, &ip2, &target, "m1");
+        let got = rt.block_on(async { state(&mut client(&ip2).await).await });
+        assert_eq!(&got, want, "restore {what}");
+        plain.stop();
+    }
+}
+
+fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}

@@ -137,7 +137,7 @@ pub async fn restore(
     let (fulls, chains) = store.catalog().await?;
     let candidates = plan::candidates(
         &fulls,
-        &|b| chains.get(&b).cloned().unwrap_or_default(),
+        &|c| chains.get(&c).cloned().unwrap_or_default(),
         opts.target,
     );
     if candidates.is_empty() {

@@ -5,7 +5,7 @@
 //! to the next and says so. A chain whose deltas have a gap ends at the gap (its later deltas are
 //! unusable), which is still a valid, older point in time.
 
-use crate::store::layout::{Kind, SnapshotName};
+use crate::store::layout::{ChainId, Kind, SnapshotName};
 
 /// How far to restore.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +35,7 @@ pub struct Candidate {
 /// Candidates in preference order (newest usable first).
 pub fn candidates(
     fulls: &[SnapshotName],
-    chain_of: &dyn Fn(i64) -> Vec<SnapshotName>,
+    chain_of: &dyn Fn(ChainId) -> Vec<SnapshotName>,
     target: Target,
 ) -> Vec<Candidate> {
     let mut fulls: Vec<&SnapshotName> = fulls
@@ -50,7 +50,9 @@ pub fn candidates(
     let mut out = Vec::new();
     for full in fulls.into_iter().rev() {
         let base = full.last_revision();
-        let mut deltas: Vec<SnapshotName> = chain_of(base)
+        let Some(chain) = full.chain() else { continue };
+        // Only the deltas of this very full: another full at the same revision is another history.
+        let mut deltas: Vec<SnapshotName> = chain_of(chain)
             .into_iter()
             .filter(|d| matches!(d.kind, Kind::Delta { base: b, .. } if b == base))
             .collect();
@@ -110,30 +112,88 @@ mod tests {
             encryption: Encryption::Plain,
         }
     }
+    /// An older-layout delta (its chain found by `legacy_owner`).
     fn delta(base: i64, first: i64, last: i64, t: u64) -> SnapshotName {
         SnapshotName {
-            kind: Kind::Delta { base, first, last },
+            kind: Kind::Delta {
+                base,
+                base_created_ms: None,
+                first,
+                last,
+            },
             ..full(0, t)
         }
     }
 
-    fn chains(ds: Vec<SnapshotName>) -> impl Fn(i64) -> Vec<SnapshotName> {
-        move |base| {
+    /// A delta of the chain that `of` starts.
+    fn delta_of(of: &SnapshotName, first: i64, last: i64, t: u64) -> SnapshotName {
+        let c = of.chain().unwrap();
+        SnapshotName {
+            kind: Kind::Delta {
+                base: c.base,
+                base_created_ms: Some(c.base_created_ms),
+                first,
+                last,
+            },
+            ..full(0, t)
+        }
+    }
+
+    /// What `Store::catalog` does: each delta under the chain it names (or its legacy owner).
+    fn chains<'a>(
+        fulls: &'a [SnapshotName],
+        ds: Vec<SnapshotName>,
+    ) -> impl Fn(ChainId) -> Vec<SnapshotName> + 'a {
+        move |c| {
             ds.iter()
-                .filter(|d| matches!(d.kind, Kind::Delta { base: b, .. } if b == base))
+                .filter(|d| d.chain().or_else(|| crate::store::layout::legacy_owner(d, fulls)) == Some(c))
                 .copied()
                 .collect()
         }
     }
 
+    /// Two histories whose fulls share revision 10 (a restore landed there twice): each candidate
+    /// holds only its own full's deltas, whatever their revisions.
+    #[test]
+    fn two_histories_at_one_revision_never_mix() {
+        let (old, new) = (full(10, 100), full(10, 700));
+        let fulls = [old, new];
+        let c = chains(
+            &fulls,
+            vec![
+                delta_of(&old, 11, 30, 200),
+                delta_of(&old, 31, 60, 600),
+                delta_of(&new, 11, 20, 800),
+            ],
+        );
+        let cs = candidates(&fulls, &c, Target::Latest);
+        assert_eq!(cs.len(), 2);
+        assert_eq!((cs[0].full, cs[0].target_revision), (new, 20));
+        assert!(
+            cs[0].deltas.iter().all(|d| d.chain() == new.chain()),
+            "{:?}",
+            cs[0].deltas
+        );
+        assert_eq!((cs[1].full, cs[1].target_revision), (old, 60));
+        assert!(cs[1].deltas.iter().all(|d| d.chain() == old.chain()));
+        // Older-layout deltas go with the newest full at their base created before them.
+        let c = chains(&fulls, vec![delta(10, 11, 30, 200), delta(10, 11, 15, 800)]);
+        let cs = candidates(&fulls, &c, Target::Latest);
+        assert_eq!((cs[0].full, cs[0].target_revision), (new, 15));
+        assert_eq!((cs[1].full, cs[1].target_revision), (old, 30));
+    }
+
     #[test]
     fn latest_uses_the_newest_chain_and_falls_back_in_order() {
         let fulls = [full(10, 100), full(50, 500)];
-        let c = chains(vec![
-            delta(10, 11, 30, 200),
-            delta(10, 31, 49, 400),
-            delta(50, 51, 60, 600),
-        ]);
+        let c = chains(
+            &fulls,
+            vec![
+                delta(10, 11, 30, 200),
+                delta(10, 31, 49, 400),
+                delta(50, 51, 60, 600),
+            ],
+        );
         let cs = candidates(&fulls, &c, Target::Latest);
         assert_eq!(cs.len(), 2);
         assert_eq!(cs[0].full, fulls[1]);
@@ -146,7 +206,7 @@ mod tests {
     #[test]
     fn point_in_time_by_revision_stops_inside_a_delta() {
         let fulls = [full(10, 100), full(50, 500)];
-        let c = chains(vec![delta(10, 11, 30, 200), delta(10, 31, 49, 400)]);
+        let c = chains(&fulls, vec![delta(10, 11, 30, 200), delta(10, 31, 49, 400)]);
         let cs = candidates(&fulls, &c, Target::Revision(35));
         assert_eq!(cs.len(), 1, "the full at 50 is past the target");
         assert_eq!(cs[0].deltas.len(), 2);
@@ -160,11 +220,14 @@ mod tests {
     #[test]
     fn point_in_time_by_time_and_gaps() {
         let fulls = [full(10, 100)];
-        let c = chains(vec![
-            delta(10, 11, 20, 200),
-            delta(10, 21, 30, 300),
-            delta(10, 35, 40, 400),
-        ]);
+        let c = chains(
+            &fulls,
+            vec![
+                delta(10, 11, 20, 200),
+                delta(10, 21, 30, 300),
+                delta(10, 35, 40, 400),
+            ],
+        );
         let cs = candidates(&fulls, &c, Target::Time(250));
         assert_eq!(cs[0].deltas.len(), 1);
         assert_eq!(cs[0].target_revision, 20);
@@ -175,11 +238,14 @@ mod tests {
     #[test]
     fn overlapping_retry_is_skipped() {
         let fulls = [full(10, 100)];
-        let c = chains(vec![
-            delta(10, 11, 20, 200),
-            delta(10, 11, 25, 210),
-            delta(10, 26, 30, 300),
-        ]);
+        let c = chains(
+            &fulls,
+            vec![
+                delta(10, 11, 20, 200),
+                delta(10, 11, 25, 210),
+                delta(10, 26, 30, 300),
+            ],
+        );
         let cs = candidates(&fulls, &c, Target::Latest);
         // 11-20 then 11-25 overlaps (first < next) but extends: it is taken from 21 on.
         assert_eq!(cs[0].target_revision, 30);

@@ -77,7 +77,7 @@ async fn newest_backup(store: &Store) -> Result<Option<i64>, String> {
         return Ok(None);
     };
     let chain: Vec<_> = store
-        .list_chain(newest.last_revision())
+        .list_chain(newest, &fulls)
         .await
         .map_err(|e| crate::telemetry::error_chain(&e))?
         .into_iter()

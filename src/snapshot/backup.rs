@@ -19,7 +19,7 @@ use super::full;
 use crate::etcd::{ClientConfig, Health};
 use crate::store::layout::Compression;
 use crate::store::retention::{self, Policy};
-use crate::store::{Store, StoreUrl};
+use crate::store::{ChainId, SnapshotName, Store, StoreUrl};
 use crate::supervisor::{ChildState, Phase};
 
 /// What the backup loop is configured to do.
@@ -329,13 +329,13 @@ impl Backup {
         }
     }
 
-    /// Where the chain continues: `(base, after)` — resume the newest chain, or take a full.
+    /// Where the chain continues: `(chain, after)` — resume the newest chain, or take a full.
     async fn chain_start(
         &mut self,
         client: &mut Client,
         store: &Store,
         force_full: bool,
-    ) -> Result<(i64, i64), ()> {
+    ) -> Result<(ChainId, i64), ()> {
         if !force_full {
             match self.resume_point(client, store).await {
                 Ok(Some(p)) => {
@@ -353,7 +353,7 @@ impl Backup {
             }
         }
         match self.take_full(client, store).await {
-            Ok(rev) => Ok((rev, rev)),
+            Ok(chain) => Ok((chain, chain.base)),
             Err(()) => Err(()),
         }
     }
@@ -362,7 +362,7 @@ impl Backup {
         &mut self,
         client: &mut Client,
         store: &Store,
-    ) -> Result<Option<(i64, i64)>, crate::store::StoreError> {
+    ) -> Result<Option<(ChainId, i64)>, crate::store::StoreError> {
         let fulls = store.list_fulls().await?;
         let Some((newest, _)) = fulls.last() else {
             tracing::info!("the store has no full snapshot yet: taking one");
@@ -381,7 +381,11 @@ impl Backup {
             }
         }
         let base = newest.last_revision();
-        let chain = store.list_chain(base).await?;
+        let Some(chain_id) = newest.chain() else {
+            return Ok(None);
+        };
+        let names: Vec<SnapshotName> = fulls.iter().map(|(n, _)| *n).collect();
+        let chain = store.list_chain(newest, &names).await?;
         let after = chain.last().map(|(n, _)| n.last_revision()).unwrap_or(base);
         let current = client
             .status()
@@ -402,7 +406,7 @@ impl Backup {
             s.chain_base = Some(base);
             s.backed_up_revision = Some(after);
         });
-        Ok(Some((base, after)))
+        Ok(Some((chain_id, after)))
     }
 
     fn schedule_period(&self) -> Option<Duration> {
@@ -468,8 +472,8 @@ impl Backup {
         }
     }
 
-    /// One full snapshot, with status, metrics and retention. `Ok(revision)` on success.
-    async fn take_full(&mut self, client: &mut Client, store: &Store) -> Result<i64, ()> {
+    /// One full snapshot, with status, metrics and retention. `Ok(the chain it starts)` on success.
+    async fn take_full(&mut self, client: &mut Client, store: &Store) -> Result<ChainId, ()> {
         let status = self.status.clone();
         let progress = crate::telemetry::Progress::to(move |what| {
             status.send_modify(|s| s.in_progress = what);
@@ -494,7 +498,10 @@ impl Backup {
                     s.backed_up_revision = Some(s.backed_up_revision.unwrap_or(0).max(rev));
                 });
                 self.apply_retention(store).await;
-                Ok(rev)
+                Ok(ChainId {
+                    base: rev,
+                    base_created_ms: r.name.created_ms,
+                })
             }
             Err(err) => {
                 self.failed("full", err.reason(), &err);
@@ -555,8 +562,13 @@ impl Backup {
         }
     }
 
-    async fn stream(&mut self, client: &mut Client, store: &Store, (base, after): (i64, i64)) -> Outcome {
-        let mut buf = DeltaBuffer::new(base, after);
+    async fn stream(
+        &mut self,
+        client: &mut Client,
+        store: &Store,
+        (chain, after): (ChainId, i64),
+    ) -> Outcome {
+        let mut buf = DeltaBuffer::new(chain, after);
         let deltas_on = !self.cfg.delta_period.is_zero();
         let mut watch = if deltas_on {
             let opts = WatchOptions::new()
@@ -710,10 +722,10 @@ impl Backup {
         // Close the old chain first; whatever cannot be uploaded is inside the new full anyway.
         self.flush(store, buf).await;
         match self.take_full(client, store).await {
-            Ok(rev) => {
+            Ok(chain) => {
                 let seen = buf.last();
                 drop(buf.take());
-                *buf = DeltaBuffer::new(rev, seen);
+                *buf = DeltaBuffer::new(chain, seen);
                 None
             }
             Err(()) => None,

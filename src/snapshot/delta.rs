@@ -15,7 +15,7 @@ use super::delta_codec::{self, Lease, Revision};
 use super::full::SnapshotError;
 use crate::store::Store;
 use crate::store::format::{Footer, Header, ObjectWriter};
-use crate::store::layout::{self, Compression, Kind, SnapshotName};
+use crate::store::layout::{self, ChainId, Compression, Kind, SnapshotName};
 
 #[derive(Debug, Error, PartialEq, Eq)]
 #[error("revision {got} does not follow {last} (a gap in the watch)")]
@@ -27,6 +27,7 @@ pub struct GapError {
 /// Events waiting to be uploaded.
 #[derive(Debug)]
 pub struct DeltaBuffer {
+    chain: ChainId,
     base: i64,
     /// The last revision appended (or the revision the buffer starts after).
     last: i64,
@@ -40,6 +41,7 @@ pub struct DeltaBuffer {
 /// A flushed buffer, ready to upload.
 #[derive(Debug)]
 pub struct PendingDelta {
+    pub chain: ChainId,
     pub base: i64,
     pub first: i64,
     pub last: i64,
@@ -49,9 +51,11 @@ pub struct PendingDelta {
 }
 
 impl DeltaBuffer {
-    /// A buffer for the chain based at `base` whose next revision is `after + 1`.
-    pub fn new(base: i64, after: i64) -> Self {
+    /// A buffer for `chain` whose next revision is `after + 1`.
+    pub fn new(chain: ChainId, after: i64) -> Self {
+        let base = chain.base;
         Self {
+            chain,
             base,
             last: after.max(base),
             first: None,
@@ -120,6 +124,7 @@ impl DeltaBuffer {
     pub fn take(&mut self) -> Option<PendingDelta> {
         let first = self.first.take()?;
         let pending = PendingDelta {
+            chain: self.chain,
             base: self.base,
             first,
             last: self.last,
@@ -162,6 +167,7 @@ pub async fn upload(
     let name = SnapshotName {
         kind: Kind::Delta {
             base: p.base,
+            base_created_ms: Some(p.chain.base_created_ms),
             first: p.first,
             last: p.last,
         },
@@ -174,6 +180,12 @@ pub async fn upload(
         kind: "delta".into(),
         revision: None,
         base: Some(p.base),
+        base_created: Some(
+            humantime::format_rfc3339_millis(
+                std::time::UNIX_EPOCH + Duration::from_millis(p.chain.base_created_ms),
+            )
+            .to_string(),
+        ),
         first: Some(p.first),
         last: Some(p.last),
         created: humantime::format_rfc3339_millis(name.created()).to_string(),
@@ -233,9 +245,16 @@ mod tests {
         }
     }
 
+    fn chain(base: i64) -> ChainId {
+        ChainId {
+            base,
+            base_created_ms: 1_795_969_800_123,
+        }
+    }
+
     #[test]
     fn contiguity_and_overlap_with_the_full() {
-        let mut b = DeltaBuffer::new(10, 8); // the watch started at 9, the full holds up to 10
+        let mut b = DeltaBuffer::new(chain(10), 8); // the watch started at 9, the full holds up to 10
         assert_eq!(b.push(&rev(9)), Ok(false), "in the full: skipped");
         assert_eq!(b.push(&rev(10)), Ok(false));
         assert_eq!(b.push(&rev(11)), Ok(true), "the first revision after the full");
@@ -248,7 +267,7 @@ mod tests {
 
     #[test]
     fn gap_is_an_error_and_take_resets() {
-        let mut b = DeltaBuffer::new(10, 10);
+        let mut b = DeltaBuffer::new(chain(10), 10);
         assert_eq!(b.push(&rev(11)), Ok(true));
         assert_eq!(b.push(&rev(12)), Ok(true));
         assert_eq!(b.push(&rev(14)), Err(GapError { last: 12, got: 14 }));

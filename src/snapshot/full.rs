@@ -122,6 +122,7 @@ pub async fn take_full(
         kind: "full".into(),
         revision: Some(revision),
         base: None,
+        base_created: None,
         first: None,
         last: None,
         created: humantime::format_rfc3339_millis(name.created()).to_string(),

@@ -140,7 +140,7 @@ where
 /// Verifies every object and chain in the store.
 pub async fn verify_store(store: &Store) -> Result<Report, StoreError> {
     let mut report = Report::default();
-    let fulls = store.list_fulls().await?;
+    let (fulls, chains) = store.catalog_with_meta().await?;
     let mut check = |name: &SnapshotName, r: Result<Verified, String>| {
         report.objects.push(match r {
             Ok(v) => ObjectReport {
@@ -163,18 +163,18 @@ pub async fn verify_store(store: &Store) -> Result<Report, StoreError> {
         let r = verify_object(store, name).await;
         check(name, r);
     }
-    let full_revs: Vec<i64> = fulls.iter().map(|(n, _)| n.last_revision()).collect();
+    let starts: Vec<_> = fulls.iter().filter_map(|(n, _)| n.chain()).collect();
     let mut chain_errors = Vec::new();
-    for base in store.list_chain_bases().await? {
-        if !full_revs.contains(&base) {
-            chain_errors.push(format!("chain {base}: no full snapshot at revision {base}"));
+    for (chain, deltas) in chains {
+        if !starts.contains(&chain) {
+            chain_errors.push(format!("chain {chain}: no full snapshot starts it"));
         }
-        let mut expected = base + 1;
-        for (name, _) in store.list_chain(base).await? {
+        let mut expected = chain.base + 1;
+        for (name, _) in deltas {
             if let Kind::Delta { first, last, .. } = name.kind {
                 if first != expected {
                     chain_errors.push(format!(
-                        "chain {base}: {} starts at {first}, expected {expected}",
+                        "chain {chain}: {} starts at {first}, expected {expected}",
                         name.key()
                     ));
                 }

@@ -41,6 +41,10 @@ pub struct Header {
     /// Delta: the chain's full snapshot revision, and the revisions covered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<i64>,
+    /// Delta: the creation time (RFC 3339) of the chain's full snapshot, which with `base` names
+    /// the exact full the delta extends (absent in objects written before the chain identity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_created: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,12 +1,15 @@
 //! Key layout of the backup store: pure functions from a snapshot's facts to its object key and back.
 //!
 //!     <prefix>/v1/full/full-<rev>-<created>-<compression>-<encryption>[-final].ews
-//!     <prefix>/v1/delta/<base>/delta-<first>-<last>-<created>-<compression>-<encryption>.ews
+//!     <prefix>/v1/delta/<base>-<base created>/delta-<first>-<last>-<created>-<compression>-<encryption>.ews
 //!
 //! Revisions are 20-digit zero-padded decimals and `created` is UTC `YYYYMMDDTHHMMSSmmmZ`, so names
 //! sort sensibly in listings, but ordering always uses the parsed numbers. Deltas live under the
-//! revision of the full snapshot they extend (`base`), so finding a chain lists only that chain and
-//! the cost of a listing never grows with the bucket. docs/FORMAT.md is the reference.
+//! exact full snapshot they extend (its revision and creation time: a [`ChainId`]), so finding a
+//! chain lists only that chain, the cost of a listing never grows with the bucket, and two histories
+//! whose fulls share a revision (a restore, a fallback) never mix. Deltas written before the chain
+//! directory named the full's time sit in `<base>/` and belong to the newest full at that revision
+//! created before them ([`legacy_owner`]). docs/FORMAT.md is the reference.
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -72,8 +75,44 @@ impl Encryption {
 pub enum Kind {
     /// etcd's database as of at least `revision` (a proven lower bound; see docs/FORMAT.md).
     Full { revision: i64, is_final: bool },
-    /// Every event of revisions `first..=last`, extending the chain of the full snapshot at `base`.
-    Delta { base: i64, first: i64, last: i64 },
+    /// Every event of revisions `first..=last`, extending the chain of the full snapshot at `base`
+    /// created at `base_created_ms` (`None`: the older layout that named the revision only).
+    Delta {
+        base: i64,
+        base_created_ms: Option<u64>,
+        first: i64,
+        last: i64,
+    },
+}
+
+/// A chain: the full snapshot it starts from, by revision and creation time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct ChainId {
+    pub base: i64,
+    pub base_created_ms: u64,
+}
+
+impl fmt::Display for ChainId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.base, format_time(self.base_created_ms))
+    }
+}
+
+/// The chain an older-layout delta (directory `<base>/`) belongs to: the newest full snapshot at
+/// revision `base` created at or before the delta. `None` when there is none (its full is gone).
+pub fn legacy_owner(delta: &SnapshotName, fulls: &[SnapshotName]) -> Option<ChainId> {
+    let Kind::Delta { base, .. } = delta.kind else {
+        return None;
+    };
+    fulls
+        .iter()
+        .filter(|f| f.is_full() && f.last_revision() == base && f.created_ms <= delta.created_ms)
+        .map(|f| f.created_ms)
+        .max()
+        .map(|base_created_ms| ChainId {
+            base,
+            base_created_ms,
+        })
 }
 
 /// A snapshot's identity, as encoded in its key.
@@ -110,6 +149,25 @@ impl SnapshotName {
         matches!(self.kind, Kind::Full { .. })
     }
 
+    /// The chain a full snapshot starts, or a delta extends (`None` for an older-layout delta:
+    /// see [`legacy_owner`]).
+    pub fn chain(&self) -> Option<ChainId> {
+        match self.kind {
+            Kind::Full { revision, .. } => Some(ChainId {
+                base: revision,
+                base_created_ms: self.created_ms,
+            }),
+            Kind::Delta {
+                base,
+                base_created_ms,
+                ..
+            } => base_created_ms.map(|base_created_ms| ChainId {
+                base,
+                base_created_ms,
+            }),
+        }
+    }
+
     /// The key relative to the store's prefix.
     pub fn key(&self) -> String {
         let created = format_time(self.created_ms);
@@ -119,10 +177,14 @@ impl SnapshotName {
                 let fin = if is_final { "-final" } else { "" };
                 format!("{VERSION_DIR}/full/full-{revision:020}-{created}-{c}-{e}{fin}.{EXTENSION}")
             }
-            Kind::Delta { base, first, last } => {
-                format!(
-                    "{VERSION_DIR}/delta/{base:020}/delta-{first:020}-{last:020}-{created}-{c}-{e}.{EXTENSION}"
-                )
+            Kind::Delta {
+                base,
+                base_created_ms,
+                first,
+                last,
+            } => {
+                let dir = delta_dir(base, base_created_ms);
+                format!("{dir}/delta-{first:020}-{last:020}-{created}-{c}-{e}.{EXTENSION}")
             }
         }
     }
@@ -163,9 +225,13 @@ impl SnapshotName {
                 encryption: Encryption::parse(parts[3]).ok_or(err("unknown encryption"))?,
             })
         } else if let Some(rest) = stem.strip_prefix("delta/") {
-            let (base, file) = rest
+            let (dir, file) = rest
                 .split_once('/')
                 .ok_or(err("delta outside its chain directory"))?;
+            let (base, base_created_ms) = match dir.split_once('-') {
+                Some((b, t)) => (b, Some(parse_time(t).ok_or(err("bad chain creation time"))?)),
+                None => (dir, None),
+            };
             let file = file
                 .strip_prefix("delta-")
                 .ok_or(err("delta name does not start with delta-"))?;
@@ -178,7 +244,12 @@ impl SnapshotName {
                 return Err(err("delta revision range is inconsistent"));
             }
             Ok(Self {
-                kind: Kind::Delta { base, first, last },
+                kind: Kind::Delta {
+                    base,
+                    base_created_ms,
+                    first,
+                    last,
+                },
                 created_ms: parse_time(parts[2]).ok_or(err("bad creation time"))?,
                 compression: Compression::parse(parts[3]).ok_or(err("unknown compression"))?,
                 encryption: Encryption::parse(parts[4]).ok_or(err("unknown encryption"))?,
@@ -200,9 +271,25 @@ pub fn full_dir() -> String {
     format!("{VERSION_DIR}/full")
 }
 
-/// The directory holding the deltas of the chain based on the full snapshot at `base`.
-pub fn delta_dir(base: i64) -> String {
-    format!("{VERSION_DIR}/delta/{base:020}")
+/// The directory holding the deltas of the chain based on the full snapshot at `base` created at
+/// `base_created_ms` (`None`: the older directory named by the revision only).
+pub fn delta_dir(base: i64, base_created_ms: Option<u64>) -> String {
+    match base_created_ms {
+        Some(t) => format!("{VERSION_DIR}/delta/{base:020}-{}", format_time(t)),
+        None => format!("{VERSION_DIR}/delta/{base:020}"),
+    }
+}
+
+/// A chain directory's name (`<base>` or `<base>-<created>`) parsed.
+pub fn parse_chain_dir(name: &str) -> Option<(i64, Option<u64>)> {
+    let (b, t) = match name.split_once('-') {
+        Some((b, t)) => (b, Some(parse_time(t)?)),
+        None => (name, None),
+    };
+    (b.len() == 20 && b.bytes().all(|c| c.is_ascii_digit()))
+        .then(|| b.parse().ok())
+        .flatten()
+        .map(|b| (b, t))
 }
 
 pub fn now_ms() -> u64 {
@@ -266,6 +353,7 @@ mod tests {
             } else {
                 Kind::Delta {
                     base: rev,
+                    base_created_ms: (i % 3 != 1).then_some(created_ms - 5),
                     first: rev + 1,
                     last: rev + 1 + (seed % 1000) as i64,
                 }
@@ -305,6 +393,7 @@ mod tests {
         let d = SnapshotName {
             kind: Kind::Delta {
                 base: 42,
+                base_created_ms: Some(1_795_969_700_000),
                 first: 43,
                 last: 99,
             },
@@ -312,8 +401,59 @@ mod tests {
         };
         assert_eq!(
             d.key(),
-            "v1/delta/00000000000000000042/delta-00000000000000000043-00000000000000000099-20261129T163000123Z-zstd-plain.ews"
+            "v1/delta/00000000000000000042-20261129T162820000Z/delta-00000000000000000043-00000000000000000099-20261129T163000123Z-zstd-plain.ews"
         );
+        // The older layout, still read.
+        let old = "v1/delta/00000000000000000042/delta-00000000000000000043-00000000000000000099-20261129T163000123Z-zstd-plain.ews";
+        let parsed = SnapshotName::parse(old).expect("older delta key");
+        assert!(matches!(
+            parsed.kind,
+            Kind::Delta {
+                base: 42,
+                base_created_ms: None,
+                first: 43,
+                last: 99
+            }
+        ));
+        assert_eq!(parsed.key(), old);
+        assert_eq!(parsed.chain(), None);
+        let chain = d.chain().expect("chain");
+        assert_eq!(chain.base, 42);
+        assert_eq!(
+            parse_chain_dir("00000000000000000042-20261129T162820000Z"),
+            Some((42, Some(1_795_969_700_000)))
+        );
+        assert_eq!(parse_chain_dir("00000000000000000042"), Some((42, None)));
+        assert_eq!(parse_chain_dir("42"), None);
+    }
+
+    /// Two fulls at one revision (a restore, a fallback): an older-layout delta belongs to the newest
+    /// full created before it, never to one created after it.
+    #[test]
+    fn legacy_deltas_belong_to_the_full_before_them() {
+        let full = |created_ms| SnapshotName {
+            kind: Kind::Full {
+                revision: 42,
+                is_final: false,
+            },
+            created_ms,
+            compression: Compression::Zstd,
+            encryption: Encryption::Plain,
+        };
+        let fulls = [full(1_000), full(5_000)];
+        let delta = |created_ms| SnapshotName {
+            kind: Kind::Delta {
+                base: 42,
+                base_created_ms: None,
+                first: 43,
+                last: 50,
+            },
+            ..full(created_ms)
+        };
+        let owner = |d| legacy_owner(&d, &fulls).map(|c| c.base_created_ms);
+        assert_eq!(owner(delta(2_000)), Some(1_000));
+        assert_eq!(owner(delta(6_000)), Some(5_000));
+        assert_eq!(owner(delta(500)), None);
     }
 
     #[test]
@@ -324,6 +464,7 @@ mod tests {
             "v1/full/full-00000000000000000042-20261129T163000123Z-zstd-plain.tmp",
             "v2/full/full-00000000000000000042-20261129T163000123Z-zstd-plain.ews",
             "v1/delta/00000000000000000042/delta-00000000000000000040-00000000000000000099-20261129T163000123Z-zstd-plain.ews",
+            "v1/delta/00000000000000000042-yesterday/delta-00000000000000000043-00000000000000000099-20261129T163000123Z-zstd-plain.ews",
             "v1/other/x.ews",
         ] {
             assert!(SnapshotName::parse(k).is_err(), "{k}");

@@ -16,7 +16,7 @@ use object_store::prefix::PrefixStore;
 use object_store::{ClientConfigKey, ObjectMeta, ObjectStore, ObjectStoreExt, RetryConfig};
 use thiserror::Error;
 
-pub use layout::{Compression, Kind, SnapshotName};
+pub use layout::{ChainId, Compression, Kind, SnapshotName};
 pub use url::{StoreUrl, StoreUrlError};
 
 #[derive(Debug, Error)]
@@ -254,18 +254,34 @@ impl Store {
         Ok(v)
     }
 
-    /// The deltas of the chain based on the full snapshot at `base`, by first revision.
-    pub async fn list_chain(&self, base: i64) -> Result<Vec<(SnapshotName, ObjectMeta)>, StoreError> {
-        let mut v = self.list_dir(&layout::delta_dir(base)).await?;
-        v.sort_by_key(|(n, _)| match n.kind {
-            Kind::Delta { first, last, .. } => (first, last, n.created_ms),
-            Kind::Full { revision, .. } => (revision, revision, n.created_ms),
-        });
+    /// The deltas of the chain that `full` starts, by first revision: its own directory, and the
+    /// older-layout directory named by its revision alone, whose deltas it owns when it is the
+    /// newest of `fulls` at that revision created before them (`layout::legacy_owner`).
+    pub async fn list_chain(
+        &self,
+        full: &SnapshotName,
+        fulls: &[SnapshotName],
+    ) -> Result<Vec<(SnapshotName, ObjectMeta)>, StoreError> {
+        let Some(chain) = full.chain().filter(|_| full.is_full()) else {
+            return Ok(Vec::new());
+        };
+        let mut v = self
+            .list_dir(&layout::delta_dir(chain.base, Some(chain.base_created_ms)))
+            .await?;
+        v.retain(|(n, _)| n.chain() == Some(chain));
+        let legacy = self.list_dir(&layout::delta_dir(chain.base, None)).await?;
+        v.extend(
+            legacy
+                .into_iter()
+                .filter(|(n, _)| layout::legacy_owner(n, fulls) == Some(chain)),
+        );
+        sort_chain(&mut v);
         Ok(v)
     }
 
-    /// Every delta chain directory's base revision (one listing with a delimiter).
-    pub async fn list_chain_bases(&self) -> Result<Vec<i64>, StoreError> {
+    /// Every delta chain directory: its base revision and, in the current layout, its full's
+    /// creation time (one listing with a delimiter).
+    pub async fn list_chain_dirs(&self) -> Result<Vec<(i64, Option<u64>)>, StoreError> {
         let prefix = Path::from(format!("{}/delta", layout::VERSION_DIR));
         let res = self
             .inner
@@ -276,30 +292,56 @@ impl Store {
                 url: self.url.to_string(),
                 source,
             })?;
-        let mut bases: Vec<i64> = res
+        let mut dirs: Vec<(i64, Option<u64>)> = res
             .common_prefixes
             .iter()
-            .filter_map(|p| p.filename().and_then(|f| f.parse().ok()))
+            .filter_map(|p| p.filename().and_then(layout::parse_chain_dir))
             .collect();
-        bases.sort_unstable();
-        Ok(bases)
+        dirs.sort_unstable();
+        Ok(dirs)
     }
 
-    /// Every full snapshot and every chain's deltas (one listing per chain directory).
-    pub async fn catalog(
+    /// Every full snapshot, and every chain's deltas keyed by the chain (one listing per chain
+    /// directory). Deltas whose full is gone sit under their base with creation time 0, a chain no
+    /// full starts.
+    pub async fn catalog(&self) -> Result<(Vec<SnapshotName>, Catalog), StoreError> {
+        let (fulls, chains) = self.catalog_with_meta().await?;
+        let chains = chains
+            .into_iter()
+            .map(|(c, v)| (c, v.into_iter().map(|(n, _)| n).collect()))
+            .collect();
+        Ok((fulls.into_iter().map(|(n, _)| n).collect(), chains))
+    }
+
+    /// [`Store::catalog`] with each object's metadata (size, time).
+    #[allow(clippy::type_complexity)]
+    pub async fn catalog_with_meta(
         &self,
     ) -> Result<
         (
-            Vec<SnapshotName>,
-            std::collections::BTreeMap<i64, Vec<SnapshotName>>,
+            Vec<(SnapshotName, ObjectMeta)>,
+            std::collections::BTreeMap<ChainId, Vec<(SnapshotName, ObjectMeta)>>,
         ),
         StoreError,
     > {
-        let fulls = self.list_fulls().await?.into_iter().map(|(n, _)| n).collect();
-        let mut chains = std::collections::BTreeMap::new();
-        for base in self.list_chain_bases().await? {
-            let deltas = self.list_chain(base).await?.into_iter().map(|(n, _)| n).collect();
-            chains.insert(base, deltas);
+        let fulls = self.list_fulls().await?;
+        let names: Vec<SnapshotName> = fulls.iter().map(|(n, _)| *n).collect();
+        let mut chains = std::collections::BTreeMap::<ChainId, Vec<_>>::new();
+        for (base, created) in self.list_chain_dirs().await? {
+            for (n, m) in self.list_dir(&layout::delta_dir(base, created)).await? {
+                let chain = match created {
+                    Some(_) => n.chain(),
+                    None => layout::legacy_owner(&n, &names),
+                }
+                .unwrap_or(ChainId {
+                    base,
+                    base_created_ms: 0,
+                });
+                chains.entry(chain).or_default().push((n, m));
+            }
+        }
+        for deltas in chains.values_mut() {
+            sort_chain(deltas);
         }
         Ok((fulls, chains))
     }
@@ -314,4 +356,19 @@ impl Store {
             }),
         }
     }
+}
+
+/// Every chain's deltas, keyed by the full snapshot that starts it.
+pub type Catalog = std::collections::BTreeMap<ChainId, Vec<SnapshotName>>;
+
+/// Deltas by first revision, then last, then creation time.
+fn chain_order(n: &SnapshotName) -> (i64, i64, u64) {
+    match n.kind {
+        Kind::Delta { first, last, .. } => (first, last, n.created_ms),
+        Kind::Full { revision, .. } => (revision, revision, n.created_ms),
+    }
+}
+
+fn sort_chain(v: &mut [(SnapshotName, ObjectMeta)]) {
+    v.sort_by_key(|(n, _)| chain_order(n));
 }

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::str::FromStr;
 use std::time::Duration;
 
-use super::layout::{Kind, SnapshotName};
+use super::layout::{ChainId, Kind, SnapshotName};
 
 const HOUR_MS: u64 = 3_600_000;
 
@@ -62,7 +62,7 @@ impl FromStr for Policy {
 /// Keys to delete, given every full snapshot and every delta chain in the store.
 pub fn plan(
     fulls: &[SnapshotName],
-    chains: &BTreeMap<i64, Vec<SnapshotName>>,
+    chains: &BTreeMap<ChainId, Vec<SnapshotName>>,
     now_ms: u64,
     policy: Policy,
 ) -> Vec<String> {
@@ -119,17 +119,18 @@ pub fn plan(
         .filter(|f| !keep.contains(&f.key()))
         .map(|f| f.key())
         .collect();
-    let kept_fulls: BTreeMap<i64, &SnapshotName> = fulls
+    let kept_fulls: BTreeMap<ChainId, &SnapshotName> = fulls
         .iter()
         .filter(|f| keep.contains(&f.key()))
-        .map(|f| (f.last_revision(), f))
+        .filter_map(|f| Some((f.chain()?, f)))
         .collect();
-    for (base, deltas) in chains {
-        let keep_chain = if *base >= newest_rev {
+    let newest_chain = newest.chain();
+    for (chain, deltas) in chains {
+        let keep_chain = if Some(*chain) == newest_chain || chain.base > newest_rev {
             true // the newest chain, or one started after it whose full is still uploading
         } else {
             kept_fulls
-                .get(base)
+                .get(chain)
                 .is_some_and(|f| now_ms.saturating_sub(f.created_ms) <= pitr_ms)
         };
         if !keep_chain {
@@ -164,11 +165,22 @@ mod tests {
         }
     }
 
-    fn delta(base: i64, first: i64, last: i64, age_ms: u64) -> SnapshotName {
+    /// A delta of the chain that `of` starts.
+    fn delta(of: &SnapshotName, first: i64, last: i64, age_ms: u64) -> SnapshotName {
+        let c = of.chain().expect("a full");
         SnapshotName {
-            kind: Kind::Delta { base, first, last },
+            kind: Kind::Delta {
+                base: c.base,
+                base_created_ms: Some(c.base_created_ms),
+                first,
+                last,
+            },
             ..full(0, age_ms)
         }
+    }
+
+    fn chain(of: &SnapshotName) -> ChainId {
+        of.chain().expect("a full")
     }
 
     fn revs(fulls: &[SnapshotName], deleted: &[String]) -> Vec<i64> {
@@ -212,39 +224,58 @@ mod tests {
     #[test]
     fn newest_full_and_its_deltas_survive_everything() {
         let fulls = vec![full(100, 90 * 24 * HOUR_MS), full(50, 91 * 24 * HOUR_MS)];
+        let (c100, c50) = (chain(&fulls[0]), chain(&fulls[1]));
         let mut chains = BTreeMap::new();
-        chains.insert(100, vec![delta(100, 101, 150, 89 * 24 * HOUR_MS)]);
-        chains.insert(50, vec![delta(50, 51, 99, 91 * 24 * HOUR_MS)]);
+        chains.insert(c100, vec![delta(&fulls[0], 101, 150, 89 * 24 * HOUR_MS)]);
+        chains.insert(c50, vec![delta(&fulls[1], 51, 99, 91 * 24 * HOUR_MS)]);
         let deleted = plan(&fulls, &chains, NOW, Policy::Last(1));
         assert_eq!(revs(&fulls, &deleted), vec![50]);
-        assert!(!deleted.contains(&chains[&100][0].key()));
-        assert!(deleted.contains(&chains[&50][0].key()));
+        assert!(!deleted.contains(&chains[&c100][0].key()));
+        assert!(deleted.contains(&chains[&c50][0].key()));
     }
 
     #[test]
     fn last_n_and_old_chains_lose_deltas_only() {
         let fulls = vec![full(300, 0), full(200, 2 * HOUR_MS), full(100, 4 * HOUR_MS)];
+        let (c300, c200, c100) = (chain(&fulls[0]), chain(&fulls[1]), chain(&fulls[2]));
         let mut chains = BTreeMap::new();
-        chains.insert(200, vec![delta(200, 201, 299, 2 * HOUR_MS)]);
-        chains.insert(100, vec![delta(100, 101, 199, 4 * HOUR_MS)]);
-        chains.insert(300, vec![delta(300, 301, 310, 0)]);
+        chains.insert(c200, vec![delta(&fulls[1], 201, 299, 2 * HOUR_MS)]);
+        chains.insert(c100, vec![delta(&fulls[2], 101, 199, 4 * HOUR_MS)]);
+        chains.insert(c300, vec![delta(&fulls[0], 301, 310, 0)]);
         let deleted = plan(&fulls, &chains, NOW, Policy::Last(2));
         assert_eq!(revs(&fulls, &deleted), vec![100]);
         assert!(
-            deleted.contains(&chains[&200][0].key()),
+            deleted.contains(&chains[&c200][0].key()),
             "deltas of a 2 h old chain kept"
         );
-        assert!(deleted.contains(&chains[&100][0].key()));
-        assert!(!deleted.contains(&chains[&300][0].key()));
+        assert!(deleted.contains(&chains[&c100][0].key()));
+        assert!(!deleted.contains(&chains[&c300][0].key()));
     }
 
     #[test]
     fn chain_newer_than_newest_full_is_kept_and_empty_store_deletes_nothing() {
         let fulls = vec![full(100, 0)];
+        let uploading = full(120, 0);
         let mut chains = BTreeMap::new();
-        chains.insert(120, vec![delta(120, 121, 130, 0)]);
+        chains.insert(chain(&uploading), vec![delta(&uploading, 121, 130, 0)]);
         assert!(plan(&fulls, &chains, NOW, Policy::Last(1)).is_empty());
         assert!(plan(&[], &chains, NOW, Policy::Last(1)).is_empty());
+    }
+
+    /// Another history at the newest full's revision (a restore without a bump): its deltas are not
+    /// the newest chain's and go with their own full.
+    #[test]
+    fn a_second_history_at_the_same_revision_is_not_the_newest_chain() {
+        let newest = full(100, 0);
+        let other = full(100, 30 * 24 * HOUR_MS);
+        let fulls = vec![other, newest];
+        let mut chains = BTreeMap::new();
+        chains.insert(chain(&newest), vec![delta(&newest, 101, 110, 0)]);
+        chains.insert(chain(&other), vec![delta(&other, 101, 120, 30 * 24 * HOUR_MS)]);
+        let deleted = plan(&fulls, &chains, NOW, Policy::Last(1));
+        assert!(!deleted.contains(&chains[&chain(&newest)][0].key()));
+        assert!(deleted.contains(&chains[&chain(&other)][0].key()));
+        assert!(deleted.contains(&other.key()));
     }
 
     #[test]
