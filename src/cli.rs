@@ -224,6 +224,10 @@ async fn verify_cmd(url: &str, as_json: bool, keys: Keys) -> i32 {
     }
 }
 
+/// `restore` restored less than the store's newest backup for the target (corrupt or missing
+/// objects): the data dir holds the newest consistent point; `--accept-older` makes this exit 0.
+pub const EX_OLDER: i32 = 2;
+
 /// `etcd-warden restore`: offline restore into a new data dir. Ctrl-C stops it and leaves the target
 /// untouched (the work dir beside it is removed on the next attempt).
 pub async fn restore(
@@ -334,6 +338,20 @@ pub async fn restore(
                         }
                         for (key, why) in &report.skipped {
                             println!("WARNING: skipped {key}: {why}");
+                        }
+                        if report.backed_up_revision < report.target_revision {
+                            println!(
+                                "WARNING: restored revision {} only; the store's newest backup for the target is revision {} (the objects above were corrupt or missing)",
+                                report.backed_up_revision, report.target_revision
+                            );
+                            if !args.accept_older {
+                                eprintln!(
+                                    "etcd-warden: restored less than asked for (exit {EX_OLDER}); {} holds revision {}: pass --accept-older to take it as the result",
+                                    opts.data_dir.display(),
+                                    report.backed_up_revision
+                                );
+                                return EX_OLDER;
+                            }
                         }
                         0
                     }

@@ -134,6 +134,10 @@ pub struct RestoreArgs {
     /// Mark every revision up to the bumped one compacted (required with --bump-revision > 0).
     #[arg(long)]
     pub mark_compacted: bool,
+    /// Exit 0 even when corrupt or missing objects made the restore end below the newest backup
+    /// (without it that is exit 2; the restored data dir is left in place either way).
+    #[arg(long)]
+    pub accept_older: bool,
 }
 
 #[derive(Debug, Args)]

@@ -225,6 +225,11 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
         "Data dirs restored from the store at start (missing, broken or behind).",
         vec![(Vec::new(), restores.total as f64)],
     ));
+    out.push(counter(
+        "etcd_warden_restores_older_than_target",
+        "Start-up restores that ended below the newest backed-up revision (corrupt or missing objects were skipped; /status .restore.startup_restores.last_skipped says which).",
+        vec![(Vec::new(), restores.older_than_target_total as f64)],
+    ));
     if let Some(s) = restores.last_seconds {
         out.push(gauge(
             "etcd_warden_restore_duration_seconds",

@@ -30,8 +30,16 @@ pub fn status_line(shared: &Shared) -> String {
         }
         _ => String::new(),
     };
+    let restores = shared.restores.borrow();
+    let restored = match (restores.last_backed_up_revision, restores.last_target_revision) {
+        (Some(got), Some(want)) if got < want => format!(
+            "; RESTORED OLDER DATA: revision {got} of {want} ({} objects skipped)",
+            restores.last_skipped.len()
+        ),
+        _ => String::new(),
+    };
     format!(
-        "{}; {etcd}; restarts {}; store {}{backups}",
+        "{}; {etcd}; restarts {}; store {}{backups}{restored}",
         shared.phase(),
         child.restarts,
         shared.store

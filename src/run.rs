@@ -367,11 +367,14 @@ impl Terms {
                 decision = &mut prepare => match decision {
                     Ok(d) => {
                         tracing::info!(decision = ?d, "data dir ready");
-                        if let Decision::Restored { revision, backed_up_revision, seconds, .. } = d {
+                        if let Decision::Restored { revision, backed_up_revision, target_revision, skipped, seconds, .. } = d {
                             self.restores.send_modify(|r| {
                                 r.total += 1;
                                 r.last_revision = Some(revision);
                                 r.last_backed_up_revision = Some(backed_up_revision);
+                                r.last_target_revision = Some(target_revision);
+                                r.older_than_target_total += u64::from(backed_up_revision < target_revision);
+                                r.last_skipped = skipped;
                                 r.last_seconds = Some(seconds);
                                 r.last_at = Some(SystemTime::now());
                             });

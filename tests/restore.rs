@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use common::stores::{Proxy, create_bucket, moto, s3_env};
 use common::*;
 use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
 use nix::sys::signal::Signal;
@@ -436,6 +437,7 @@ fn corrupt_newest_full_falls_back_to_the_older_chain() {
     let ip2 = unique_ip();
     let restored = dir.path().join("restored");
     let (code, out) = restore_cli(&store, &restored, &etcd, &ip2, &[]);
+    // The older chain reaches the same revision as the corrupt full: nothing is lost, exit 0.
     assert_eq!(code, 0, "{out}");
     assert!(
         out.contains("WARNING: skipped") && out.contains("checksum"),
@@ -557,4 +559,224 @@ fn replay_is_exact_under_put_delete_churn() {
     let (rev2, got) = rt.block_on(async { dump(&mut client(&ip2).await, None).await });
     assert_eq!(rev2, rev, "restored revision differs\n{out}");
     assert_eq!(got, original, "restored keys differ");
+}
+
+/// The delta files of the store's newest chain, by first revision.
+fn chain_files(store_dir: &Path) -> Vec<(i64, std::path::PathBuf)> {
+    let chains = store_dir.join("v1/delta");
+    let newest = std::fs::read_dir(&chains)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .max()
+        .expect("a chain directory");
+    let mut v: Vec<(i64, std::path::PathBuf)> = std::fs::read_dir(newest)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "ews"))
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name["delta-".len().."delta-".len() + 20].parse().unwrap(), p)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// One flipped byte in a delta in the middle of the newest chain: the restore stops at the
+/// revision before it (the newest consistent point, not an older full), says which object it
+/// skipped, and exits 2 unless --accept-older; the start-up restore reports it in /status and metrics.
+#[test]
+fn a_corrupt_middle_delta_cuts_the_chain_before_it_and_says_so() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    let (mut w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);
+    let rt = rt();
+    let mut newest = 0;
+    for round in 0..4 {
+        newest = rt.block_on(async {
+            let mut c = client(&ip).await;
+            for i in 0..10 {
+                write_mix(&mut c, round * 10 + i).await;
+            }
+            dump(&mut c, None).await.0
+        });
+        wait_for(&format!("revision {newest} in the store"), START, || {
+            (backed_up(&w) >= newest).then_some(())
+        });
+    }
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    let deltas = chain_files(&store_dir);
+    assert!(deltas.len() >= 3, "want three deltas or more: {deltas:?}");
+    let (bad_first, bad) = deltas[deltas.len() / 2].clone();
+    let mut bytes = std::fs::read(&bad).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(&bad, bytes).unwrap();
+    let good = bad_first - 1;
+    // etcd's own answer for the state at the last good revision, from the original data dir.
+    let want = {
+        let _plain = PlainEtcd::start(&etcd, &ip, &dir.path().join("data"), "m1");
+        rt.block_on(async { dump(&mut client(&ip).await, Some(good)).await })
+    };
+
+    let ip2 = unique_ip();
+    let restored = dir.path().join("restored");
+    let (code, out) = restore_cli(&store, &restored, &etcd, &ip2, &[]);
+    assert_eq!(code, 2, "restored less than asked for must not exit 0: {out}");
+    let key = bad
+        .strip_prefix(&store_dir)
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(out.contains(&format!("WARNING: skipped {key}")), "{out}");
+    assert!(
+        out.contains(&format!("restored revision {good} only")) && out.contains(&newest.to_string()),
+        "{out}"
+    );
+    {
+        let _plain = PlainEtcd::start(&etcd, &ip2, &restored, "m1");
+        let got = rt.block_on(async { dump(&mut client(&ip2).await, None).await });
+        assert_eq!(got, want, "not the state at revision {good}");
+    }
+    let accepted = dir.path().join("accepted");
+    let (code, out) = restore_cli(&store, &accepted, &etcd, &ip2, &["--accept-older"]);
+    assert_eq!(code, 0, "{out}");
+
+    // The start-up restore of a lost data dir says the same where operators look.
+    std::fs::remove_dir_all(dir.path().join("data")).unwrap();
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, &dir.path().join("data")));
+    let mut w = Warden::start(&ip, &["--store", &store], &argv);
+    w.wait_ready(START);
+    let status = w.status();
+    let r = &status["restore"]["startup_restores"];
+    assert_eq!(r["last_backed_up_revision"], good, "{status}");
+    assert_eq!(r["last_target_revision"], newest, "{status}");
+    assert!(
+        r["last_skipped"][0]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with(&key),
+        "{status}"
+    );
+    let (_, metrics) = w.get("/metrics").unwrap();
+    assert!(
+        metrics.contains("etcd_warden_restores_older_than_target_total 1"),
+        "{metrics}"
+    );
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+}
+
+/// The store goes away in the middle of the full snapshot's download and comes back 10 s later:
+/// the restore waits and retries the same chain (never an older one) and ends at the newest
+/// backed-up revision exactly.
+#[test]
+fn a_store_cut_mid_download_is_retried_and_the_newest_chain_restored() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let moto = moto(&ip, 5000);
+    create_bucket(&moto.addr, "backups");
+    let proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
+    let env = s3_env(&format!("http://{ip}:5001"));
+    let dir = tempfile::tempdir().unwrap();
+    let store = "s3://backups/etcd/cut";
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, &dir.path().join("data")));
+    let mut w = Warden::builder(
+        &ip,
+        &["--store", store, "--delta-snapshot-period", "200ms"],
+        &argv,
+    )
+    .envs(&env)
+    .spawn();
+    w.wait_ready(START);
+    let rt = rt();
+    // ~16 MiB that does not compress, so the download takes many reads.
+    let (rev, hash) = rt.block_on(async {
+        let mut c = client(&ip).await;
+        for batch in 0..80 {
+            let ops = (0..100)
+                .map(|i| {
+                    let v: Vec<u8> = (0..2048).map(|_| fastrand::u8(..)).collect();
+                    TxnOp::put(format!("/big/{batch:03}/{i:03}"), v, None)
+                })
+                .collect::<Vec<_>>();
+            c.txn(Txn::new().and_then(ops)).await.unwrap();
+        }
+        let rev = c.get("x", None).await.unwrap().header().unwrap().revision();
+        (rev, c.hash_kv(rev).await.unwrap().hash())
+    });
+    w.signal(Signal::SIGUSR1);
+    wait_for(
+        "the full snapshot of the big data",
+        Duration::from_secs(60),
+        || {
+            let b = &w.status()["backup"];
+            (b["fulls_total"].as_u64() >= Some(2) && b["backed_up_revision"].as_i64() >= Some(rev))
+                .then_some(())
+        },
+    );
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+
+    proxy.cut_after(4 << 20);
+    let restored = dir.path().join("restored");
+    let ip2 = unique_ip();
+    let mut restore = Command::new(WARDEN);
+    restore
+        .args(["restore", "--store", store, "--data-dir"])
+        .arg(&restored)
+        .args([
+            "--name",
+            "m1",
+            "--initial-cluster",
+            &format!("m1=http://{ip2}:2380"),
+        ])
+        .args(["--initial-advertise-peer-urls", &format!("http://{ip2}:2380")])
+        .arg("--etcd")
+        .arg(&etcd)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in &env {
+        restore.env(k, v);
+    }
+    let child = restore.spawn().unwrap();
+    let mut proxy = proxy;
+    wait_for(
+        "the store to be cut mid-download",
+        Duration::from_secs(60),
+        || (!proxy.is_up()).then_some(()),
+    );
+    // The outage itself: ten seconds without a store.
+    std::thread::sleep(Duration::from_secs(10));
+    proxy.restore();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("retrying the same chain"),
+        "no retry was logged:\n{text}"
+    );
+    assert!(!text.contains("WARNING: skipped"), "{text}");
+    let _plain = PlainEtcd::start(&etcd, &ip2, &restored, "m1");
+    let (got, got_hash) = rt.block_on(async {
+        let mut c = client(&ip2).await;
+        let got = c.get("x", None).await.unwrap().header().unwrap().revision();
+        (got, c.hash_kv(rev).await.unwrap().hash())
+    });
+    assert_eq!(got, rev, "not the newest backed-up revision");
+    assert_eq!(
+        got_hash, hash,
+        "etcd's HashKV of the restored data differs from the original's"
+    );
 }

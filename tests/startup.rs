@@ -265,3 +265,56 @@ fn scheduled_restore_drill_exports_its_last_success() {
         s.siblings(".verify-")
     );
 }
+
+/// Rule 3's floor: the data dir is behind the newest backup, but the newest chain's full is corrupt
+/// and the older chain reaches less than the local data: the local data dir is put back and etcd
+/// starts on it; the older restore is kept aside, nothing is deleted.
+#[test]
+fn local_data_newer_than_every_usable_backup_is_kept() {
+    let s = Setup::new(etcd35());
+    s.write_and_back_up("a", 5);
+    // A second chain starts; the local data goes a little past its full.
+    let mut w = s.warden();
+    w.wait_ready(START);
+    w.signal(Signal::SIGUSR1);
+    wait_for("the second chain's full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    let local = s.write_and_back_up("b", 5);
+    let copy = s.dir.path().join("local-copy");
+    copy_dir(&s.data(), &copy);
+    let newest = s.write_and_back_up("c", 5);
+    assert!(newest.0 > local.0);
+    // The newest chain's full snapshot is damaged.
+    let fulls = s.dir.path().join("store/v1/full");
+    let newest_full = std::fs::read_dir(&fulls)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .max()
+        .unwrap();
+    let mut bytes = std::fs::read(&newest_full).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(&newest_full, bytes).unwrap();
+    std::fs::remove_dir_all(s.data()).unwrap();
+    std::fs::rename(&copy, s.data()).unwrap();
+
+    let mut w = s.warden();
+    w.wait_ready(START);
+    assert_eq!(dump(&s.ctl, &s.ip), local, "the local data was not kept");
+    assert_eq!(
+        s.siblings(".older-restore-").len(),
+        1,
+        "the older restore was not kept aside"
+    );
+    assert!(
+        w.log_text().contains("the local data dir is back in place"),
+        "{}",
+        w.log_text()
+    );
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+}

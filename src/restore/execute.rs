@@ -19,7 +19,7 @@ use super::mvcc::MvccFile;
 use super::plan::{self, Candidate, Target};
 use crate::etcd::private::PrivateEtcd;
 use crate::pid1::{ExitStatus, Reaper, run_to_completion};
-use crate::snapshot::verify::read_full_to_file;
+use crate::snapshot::verify::{ObjectError, read_full_to_file};
 use crate::store::{Store, StoreError};
 
 pub use crate::telemetry::Progress;
@@ -48,13 +48,15 @@ pub struct RestoreReport {
     pub full: String,
     pub deltas: usize,
     pub revisions_applied: u64,
-    /// The newest backed-up revision restored (the target's).
+    /// The revision asked for: the newest the store's names promise for the target.
+    pub target_revision: i64,
+    /// The backed-up revision restored: below `target_revision` when objects were skipped.
     pub backed_up_revision: i64,
     /// The revision the restored member serves: `backed_up_revision + bumped_by`.
     pub revision: i64,
     /// The revision bump (0: none); everything at or below `revision` is marked compacted.
     pub bumped_by: u64,
-    /// Candidates tried before the one used, with why they failed.
+    /// Objects not used (a corrupt full, or the delta a chain was cut before), with why.
     pub skipped: Vec<(String, String)>,
     pub seconds: f64,
 }
@@ -67,6 +69,10 @@ pub enum RestoreError {
     NoBackup { url: String, detail: String },
     #[error("every candidate failed: {0}")]
     AllFailed(String),
+    #[error("the store did not answer (retried for about a minute; nothing was changed): {0}")]
+    Unavailable(String),
+    #[error("{0} (nothing was changed)")]
+    Local(String),
     #[error(
         "the restore tool {tool} does not run ({reason}); point --etcdutl at a working etcdutl (3.5+) or etcdctl (3.4), or --etcd at an etcd that has one beside it"
     )]
@@ -167,49 +173,80 @@ pub async fn restore(
     work.push(format!(".restore-{stamp}"));
     let work = PathBuf::from(work);
     let mut skipped = Vec::new();
-    for cand in candidates {
-        let _ = std::fs::remove_dir_all(&work);
-        std::fs::create_dir_all(&work).map_err(io("create the work dir", &work))?;
-        tracing::info!(full = %cand.full.key(), deltas = cand.deltas.len(), target_revision = cand.target_revision, "restoring");
-        match attempt(store, opts, reaper, &cand, &work).await {
-            Ok(Restored {
-                revision,
-                served,
-                applied,
-            }) => {
-                let built = work.join("data");
-                if opts.data_dir.exists() {
-                    std::fs::remove_dir(&opts.data_dir)
-                        .map_err(io("remove the empty target dir", &opts.data_dir))?;
+    let asked = candidates[0].target_revision;
+    for mut cand in candidates {
+        let mut unavailable = 0;
+        let result = loop {
+            let _ = std::fs::remove_dir_all(&work);
+            std::fs::create_dir_all(&work).map_err(io("create the work dir", &work))?;
+            tracing::info!(full = %cand.full.key(), deltas = cand.deltas.len(), target_revision = cand.target_revision, "restoring");
+            match attempt(store, opts, reaper, &cand, &work).await {
+                Ok(r) => break Some(r),
+                // Never a reason to settle for older data: wait for the store.
+                Err(Failure::Unavailable(e)) if unavailable < STORE_RETRIES.len() => {
+                    let wait = STORE_RETRIES[unavailable];
+                    unavailable += 1;
+                    tracing::warn!(error = %e, retry_in_s = wait.as_secs(), attempt = unavailable, "the store did not answer during the restore; retrying the same chain");
+                    opts.progress
+                        .step(format!("store unavailable, retrying in {}s: {e}", wait.as_secs()));
+                    tokio::time::sleep(wait).await;
                 }
-                if let Some(parent) = opts.data_dir.parent() {
-                    std::fs::create_dir_all(parent).map_err(io("create the parent of", &opts.data_dir))?;
+                Err(Failure::Unavailable(e)) => {
+                    let _ = std::fs::remove_dir_all(&work);
+                    return Err(RestoreError::Unavailable(e));
                 }
-                std::fs::rename(&built, &opts.data_dir)
-                    .map_err(io("move the restored data into", &opts.data_dir))?;
-                if let Some(parent) = opts.data_dir.parent() {
-                    sync_path(parent);
+                Err(Failure::Local(e)) => {
+                    let _ = std::fs::remove_dir_all(&work);
+                    return Err(RestoreError::Local(e));
                 }
-                let _ = std::fs::remove_dir_all(&work);
-                if !skipped.is_empty() {
-                    tracing::error!(used = %cand.full.key(), skipped = ?skipped, "restored from an OLDER chain: newer backups failed verification");
+                // The newest consistent point: this chain up to the revision before the bad delta.
+                Err(Failure::BadDelta { index, reason }) => {
+                    let bad = cand.deltas[index];
+                    tracing::error!(delta = %bad.key(), reason = %reason, "a delta is corrupt or missing: the chain is cut before it");
+                    skipped.push((bad.key(), reason));
+                    cand.cut_before(index);
                 }
-                return Ok(RestoreReport {
-                    full: cand.full.key(),
-                    deltas: cand.deltas.len(),
-                    revisions_applied: applied,
-                    backed_up_revision: revision,
-                    revision: served,
-                    bumped_by: opts.bump_revision,
-                    skipped,
-                    seconds: started.elapsed().as_secs_f64(),
-                });
+                Err(Failure::BadFull(reason)) => {
+                    tracing::error!(full = %cand.full.key(), reason = %reason, "the full snapshot cannot be used; trying an older chain");
+                    skipped.push((cand.full.key(), reason));
+                    break None;
+                }
             }
-            Err(reason) => {
-                tracing::error!(full = %cand.full.key(), reason = %reason, "restore candidate failed; trying an older one");
-                skipped.push((cand.full.key(), reason));
-            }
+        };
+        let Some(Restored {
+            revision,
+            served,
+            applied,
+        }) = result
+        else {
+            continue;
+        };
+        let built = work.join("data");
+        if opts.data_dir.exists() {
+            std::fs::remove_dir(&opts.data_dir).map_err(io("remove the empty target dir", &opts.data_dir))?;
         }
+        if let Some(parent) = opts.data_dir.parent() {
+            std::fs::create_dir_all(parent).map_err(io("create the parent of", &opts.data_dir))?;
+        }
+        std::fs::rename(&built, &opts.data_dir).map_err(io("move the restored data into", &opts.data_dir))?;
+        if let Some(parent) = opts.data_dir.parent() {
+            sync_path(parent);
+        }
+        let _ = std::fs::remove_dir_all(&work);
+        if revision < asked {
+            tracing::error!(restored = revision, asked, used = %cand.full.key(), skipped = ?skipped, "restored OLDER data than the store's newest backup: objects were corrupt or missing");
+        }
+        return Ok(RestoreReport {
+            full: cand.full.key(),
+            deltas: cand.deltas.len(),
+            revisions_applied: applied,
+            target_revision: asked,
+            backed_up_revision: revision,
+            revision: served,
+            bumped_by: opts.bump_revision,
+            skipped,
+            seconds: started.elapsed().as_secs_f64(),
+        });
     }
     let _ = std::fs::remove_dir_all(&work);
     Err(RestoreError::AllFailed(
@@ -265,26 +302,68 @@ async fn check_tool(opts: &RestoreOptions, reaper: &Reaper) -> Result<(), Restor
     }
 }
 
+/// Waits between attempts while the store does not answer: about a minute in all.
+const STORE_RETRIES: [Duration; 6] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+    Duration::from_secs(16),
+    Duration::from_secs(30),
+];
+
+/// Why one attempt at a candidate failed, and so what the restore does next.
+pub(super) enum Failure {
+    /// The store did not answer: the same candidate again, after a while.
+    Unavailable(String),
+    /// The full snapshot cannot be used: the next older candidate is the best left.
+    BadFull(String),
+    /// Delta `index` of the candidate is corrupt or missing: its chain is cut before it.
+    BadDelta { index: usize, reason: String },
+    /// This machine failed (disk, etcdutl, the private etcd): an older chain would fare no better.
+    Local(String),
+}
+
+impl Failure {
+    pub(super) fn delta(index: usize, e: ObjectError) -> Self {
+        match e {
+            ObjectError::Unavailable(e) => Self::Unavailable(e),
+            ObjectError::Corrupt(reason) => Self::BadDelta { index, reason },
+            ObjectError::Local(e) => Self::Local(e),
+        }
+    }
+}
+
 async fn attempt(
     store: &Store,
     opts: &RestoreOptions,
     reaper: &Reaper,
     cand: &Candidate,
     work: &Path,
-) -> Result<Restored, String> {
+) -> Result<Restored, Failure> {
     let db = work.join("snapshot.db");
     let t = Instant::now();
     opts.progress
         .step(format!("downloading and verifying {}", cand.full.key()));
-    let verified = read_full_to_file(store, &cand.full, &db, &opts.progress).await?;
+    let verified = read_full_to_file(store, &cand.full, &db, &opts.progress)
+        .await
+        .map_err(|e| match e {
+            ObjectError::Unavailable(e) => Failure::Unavailable(e),
+            ObjectError::Corrupt(e) => Failure::BadFull(e),
+            ObjectError::Local(e) => Failure::Local(e),
+        })?;
     tracing::info!(
         bytes = verified.footer.raw_bytes,
         secs = t.elapsed().as_secs_f64(),
         "full snapshot downloaded and verified"
     );
 
-    let tool = restore_tool(opts)
-        .ok_or_else(|| format!("neither etcdutl nor etcdctl beside {}", opts.etcd.display()))?;
+    let tool = restore_tool(opts).ok_or_else(|| {
+        Failure::Local(format!(
+            "neither etcdutl nor etcdctl beside {}",
+            opts.etcd.display()
+        ))
+    })?;
     let data = work.join("data");
     let mut cmd = Command::new(&tool);
     if tool.file_name().is_some_and(|n| n == "etcdctl") {
@@ -316,13 +395,15 @@ async fn attempt(
         .step(format!("restoring the full snapshot with {}", tool.display()));
     let (status, _out, err) = run_to_completion(reaper, &mut cmd)
         .await
-        .map_err(|e| format!("run {}: {e}", tool.display()))?;
+        .map_err(|e| Failure::Local(format!("run {}: {e}", tool.display())))?;
+    // The snapshot passed its digest and etcd's own sha256: a tool that cannot restore it fails
+    // for reasons of this machine (disk, permissions, version), not the backup's.
     if status != ExitStatus::Code(0) {
-        return Err(format!(
+        return Err(Failure::Local(format!(
             "{} snapshot restore failed ({status}): {}",
             tool.display(),
             err.trim()
-        ));
+        )));
     }
     let _ = std::fs::remove_file(&db);
 
@@ -330,7 +411,7 @@ async fn attempt(
     let (revision, applied) = deltas(store, opts, reaper, cand, work, &db).await?;
     let served = match opts.bump_revision {
         0 => revision,
-        n => bump(&db, n)?,
+        n => bump(&db, n).map_err(Failure::Local)?,
     };
     // etcdutl, the bbolt writer and the private etcd leave files that the rename must not outrun.
     sync_tree(&data);
@@ -356,7 +437,7 @@ async fn deltas(
     cand: &Candidate,
     work: &Path,
     db: &Path,
-) -> Result<(i64, u64), String> {
+) -> Result<(i64, u64), Failure> {
     let needs_deltas = !cand.deltas.is_empty() || cand.stop_at.is_some();
     if !needs_deltas {
         return Ok((cand.full.last_revision(), 0));
@@ -375,7 +456,7 @@ async fn deltas(
     let data = db
         .ancestors()
         .nth(3)
-        .ok_or_else(|| format!("{} is not inside a data dir", db.display()))?;
+        .ok_or_else(|| Failure::Local(format!("{} is not inside a data dir", db.display())))?;
     let private = PrivateEtcd::start(
         reaper,
         &opts.etcd,
@@ -384,7 +465,8 @@ async fn deltas(
         &work.join("private-etcd.log"),
         true,
     )
-    .await?;
+    .await
+    .map_err(Failure::Local)?;
     let result = super::replay::apply_deltas(store, &private, cand, &opts.progress).await;
     private.stop().await;
     result

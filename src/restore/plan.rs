@@ -32,6 +32,18 @@ pub struct Candidate {
     pub stop_at: Option<i64>,
 }
 
+impl Candidate {
+    /// Drops delta `index` and everything after it: the chain ends at the revision before it.
+    pub fn cut_before(&mut self, index: usize) {
+        self.deltas.truncate(index);
+        self.target_revision = match self.deltas.last().map(|d| d.kind) {
+            Some(Kind::Delta { last, .. }) => last,
+            _ => self.full.last_revision(),
+        };
+        self.stop_at = self.stop_at.filter(|s| *s < self.target_revision);
+    }
+}
+
 /// Candidates in preference order (newest usable first).
 pub fn candidates(
     fulls: &[SnapshotName],

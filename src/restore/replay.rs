@@ -6,26 +6,27 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, LeaseGrantOptions, Txn, TxnOp};
 
+use super::execute::Failure;
 use super::plan::Candidate;
 use super::write::{Step, replay_progress, step};
 use crate::etcd::private::{PrivateEtcd, restored_revision};
 use crate::snapshot::delta_codec::{EventType, Record};
-use crate::snapshot::verify::read_delta;
+use crate::snapshot::verify::{ObjectError, read_delta};
 use crate::store::Store;
 use crate::store::layout::Kind;
 use crate::telemetry::Progress;
 
 /// The next delta's records, fetched while the current one is applied.
-type Prefetch = Option<tokio::task::JoinHandle<Result<Vec<Record>, String>>>;
+type Prefetch = Option<tokio::task::JoinHandle<Result<Vec<Record>, ObjectError>>>;
 
 async fn next_records(
     store: &Store,
     cand: &Candidate,
     i: usize,
     prefetch: &mut Prefetch,
-) -> Result<Vec<Record>, String> {
+) -> Result<Vec<Record>, ObjectError> {
     let records = match prefetch.take() {
-        Some(h) => h.await.map_err(|e| e.to_string())??,
+        Some(h) => h.await.map_err(|e| ObjectError::Local(e.to_string()))??,
         None => read_delta(store, &cand.deltas[i]).await?,
     };
     if let Some(next) = cand.deltas.get(i + 1) {
@@ -40,17 +41,18 @@ pub(super) async fn apply_deltas(
     private: &PrivateEtcd,
     cand: &Candidate,
     progress: &Progress,
-) -> Result<(i64, u64), String> {
-    let mut client = private.client().await?;
-    let current = restored_revision(&mut client).await?;
+) -> Result<(i64, u64), Failure> {
+    let mut client = private.client().await.map_err(Failure::Local)?;
+    let current = restored_revision(&mut client).await.map_err(Failure::Local)?;
     tracing::info!(revision = current, "full snapshot restored; applying deltas");
     let (replay_started, replay_from) = (Instant::now(), current);
     if let Some(stop) = cand.stop_at
         && current > stop
     {
-        return Err(format!(
+        // An older full may still reach the target.
+        return Err(Failure::BadFull(format!(
             "the full snapshot already holds revision {current}, past the target {stop}"
-        ));
+        )));
     }
     // Leases present in the snapshot and granted during replay are kept alive while we replay, so no
     // expiry inserts revisions the original history did not have.
@@ -63,7 +65,9 @@ pub(super) async fn apply_deltas(
     let mut pipe = Pipeline::new(client.kv_client(), current);
     let mut prefetch: Prefetch = None;
     for (i, delta) in cand.deltas.iter().enumerate() {
-        let records = next_records(store, cand, i, &mut prefetch).await?;
+        let records = next_records(store, cand, i, &mut prefetch)
+            .await
+            .map_err(|e| Failure::delta(i, e))?;
         for rec in records {
             match rec {
                 Record::Lease(l) => {
@@ -80,14 +84,16 @@ pub(super) async fn apply_deltas(
                         Err(e) if e.to_string().contains("lease already exists") => {
                             leases.insert(l.id);
                         }
-                        Err(e) => return Err(format!("grant lease {:x}: {e}", l.id)),
+                        Err(e) => return Err(Failure::Local(format!("grant lease {:x}: {e}", l.id))),
                     }
                 }
                 Record::Revision(r) => {
-                    match step(&r, pipe.enqueued, cand, delta)? {
+                    let next = step(&r, pipe.enqueued, cand, delta)
+                        .map_err(|reason| Failure::BadDelta { index: i, reason })?;
+                    match next {
                         Step::Skip => continue,
                         Step::Stop => {
-                            pipe.finish().await?;
+                            pipe.finish().await.map_err(Failure::Local)?;
                             return Ok((pipe.applied_rev, pipe.applied));
                         }
                         Step::Apply => {}
@@ -113,7 +119,7 @@ pub(super) async fn apply_deltas(
                         .iter()
                         .find(|e| e.kind == EventType::Put)
                         .map(|e| Compare::mod_revision(e.key.clone(), CompareOp::Equal, r.revision));
-                    pipe.push(r.revision, ops, guard).await?;
+                    pipe.push(r.revision, ops, guard).await.map_err(Failure::Local)?;
                 }
             }
             if last_keepalive.elapsed() > Duration::from_secs(1) && !leases.is_empty() {
@@ -133,7 +139,7 @@ pub(super) async fn apply_deltas(
         }
         replay_progress(progress, cand, i, replay_from, current, replay_started);
     }
-    pipe.finish().await?;
+    pipe.finish().await.map_err(Failure::Local)?;
     tracing::info!(
         revisions = pipe.applied,
         reorders = pipe.reorders,

@@ -35,6 +35,10 @@ pub enum Decision {
         /// What etcd serves: the backed-up revision plus the bump.
         revision: i64,
         backed_up_revision: i64,
+        /// The newest revision the store's names promised; above `backed_up_revision` when
+        /// objects were corrupt or missing (`skipped`).
+        target_revision: i64,
+        skipped: Vec<String>,
         moved_aside: Option<PathBuf>,
         seconds: f64,
     },
@@ -48,6 +52,12 @@ pub struct RestoreStats {
     pub last_revision: Option<i64>,
     /// The newest backed-up revision the last restore reached.
     pub last_backed_up_revision: Option<i64>,
+    /// What it aimed at: the newest revision the store's names promised.
+    pub last_target_revision: Option<i64>,
+    /// Objects the last restore could not use (key: why), so it restored less than the target.
+    pub last_skipped: Vec<String>,
+    /// Restores that ended below their target, in all.
+    pub older_than_target_total: u64,
     pub last_seconds: Option<f64>,
     #[serde(with = "crate::telemetry::opt_unix_seconds")]
     pub last_at: Option<std::time::SystemTime>,
@@ -160,6 +170,8 @@ pub async fn prepare(
     }
 
     let mut moved = None;
+    // The revision of the local data a restore replaces: nothing older may take its place.
+    let mut floor = None;
     if !empty {
         set(status, "validating the data dir with a private etcd");
         // Beside the data dir: writable wherever the data dir's parent is (a FROM-scratch image
@@ -200,6 +212,7 @@ pub async fn prepare(
                     newest_backup = newest,
                     "the data dir is behind the newest backup: restoring"
                 );
+                floor = Some(local);
                 "behind"
             }
             Err(e) => {
@@ -235,12 +248,41 @@ pub async fn prepare(
         bump_revision: cfg.restore_bump_revision,
     };
     match restore(&store, &opts, reaper).await {
+        Ok(report) if floor.is_some_and(|f| report.backed_up_revision < f) => {
+            // The newest backups could not be used and what could is older than the local data:
+            // the local data stays (rule 3), and the restore is kept aside for inspection.
+            let local = floor.unwrap_or_default();
+            let from = moved.as_ref().expect("a floor comes with a moved-aside dir");
+            let older = aside(&data, "older-restore");
+            std::fs::rename(&data, &older)
+                .and_then(|()| std::fs::rename(from, &data))
+                .map_err(|e| format!("put the local data dir back from {}: {e}", from.display()))?;
+            tracing::error!(
+                local,
+                restored = report.backed_up_revision,
+                newest_backup = newest,
+                skipped = ?report.skipped,
+                kept_aside = %older.display(),
+                "the restore reached only OLDER data than the local data dir: the local data dir is back in place and etcd starts on it"
+            );
+            status.send_replace(None);
+            Ok(Decision::Keep(format!(
+                "the restore reached revision {} only, below the local {local}: local data kept",
+                report.backed_up_revision
+            )))
+        }
         Ok(report) => {
             tracing::info!(revision = report.revision, backed_up_revision = report.backed_up_revision, bumped_by = report.bumped_by, full = %report.full, deltas = report.deltas, seconds = report.seconds, "data dir restored");
             status.send_replace(None);
             Ok(Decision::Restored {
                 revision: report.revision,
                 backed_up_revision: report.backed_up_revision,
+                target_revision: report.target_revision,
+                skipped: report
+                    .skipped
+                    .iter()
+                    .map(|(k, why)| format!("{k}: {why}"))
+                    .collect(),
                 moved_aside: moved,
                 seconds: report.seconds,
             })

@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use super::execute::Failure;
 use super::mvcc::MvccFile;
 use super::plan::Candidate;
 use crate::snapshot::delta_codec::{Decoder, Record, Revision};
@@ -114,7 +115,7 @@ pub(super) async fn write_deltas(
     file: MvccFile,
     cand: &Candidate,
     progress: &Progress,
-) -> Result<(i64, u64), String> {
+) -> Result<(i64, u64), Failure> {
     use futures_util::StreamExt;
     let (tx, rx) = tokio::sync::mpsc::channel::<Store>(1);
     let fetcher = {
@@ -135,7 +136,7 @@ pub(super) async fn write_deltas(
     let result =
         tokio::task::spawn_blocking(move || write_deltas_blocking(&handle, rx, file, &cand, &progress))
             .await
-            .map_err(|e| format!("write the deltas: {e}"));
+            .map_err(|e| Failure::Local(format!("write the deltas: {e}")));
     fetcher.abort();
     result?
 }
@@ -146,7 +147,7 @@ fn write_deltas_blocking(
     mut file: MvccFile,
     cand: &Candidate,
     progress: &Progress,
-) -> Result<(i64, u64), String> {
+) -> Result<(i64, u64), Failure> {
     let (started, from) = (Instant::now(), file.revision());
     tracing::info!(
         revision = from,
@@ -155,17 +156,22 @@ fn write_deltas_blocking(
     if let Some(stop) = cand.stop_at
         && from > stop
     {
-        return Err(format!(
+        // An older full may still reach the target.
+        return Err(Failure::BadFull(format!(
             "the full snapshot already holds revision {from}, past the target {stop}"
-        ));
+        )));
     }
     let mut applied = 0u64;
     for (i, delta) in cand.deltas.iter().enumerate() {
-        let store = sources.blocking_recv().ok_or("the delta fetcher stopped early")?;
+        let store = sources
+            .blocking_recv()
+            .ok_or_else(|| Failure::Local("the delta fetcher stopped early".into()))?;
         let mut decoder = Decoder::new();
         let mut stop = false;
+        // A failure to write into the db is this machine's, not the delta's.
+        let mut write_failed = None;
         // Past a point-in-time target the rest of the delta is still read, for its digest.
-        handle.block_on(read_verified(&store, delta, |raw| {
+        let read = handle.block_on(read_verified(&store, delta, |raw| {
             for rec in decoder.push(raw).map_err(|e| e.to_string())? {
                 match rec {
                     _ if stop => {}
@@ -174,16 +180,26 @@ fn write_deltas_blocking(
                         Step::Skip => {}
                         Step::Stop => stop = true,
                         Step::Apply => {
-                            file.apply(&r)
-                                .map_err(|e| format!("write {} into the restored db: {e}", delta.key()))?;
+                            file.apply(&r).map_err(|e| {
+                                let e = format!("write {} into the restored db: {e}", delta.key());
+                                write_failed = Some(e.clone());
+                                e
+                            })?;
                             applied += 1;
                         }
                     },
                 }
             }
             Ok(())
-        }))?;
-        decoder.finish().map_err(|e| e.to_string())?;
+        }));
+        if let Some(e) = write_failed {
+            return Err(Failure::Local(e));
+        }
+        read.map_err(|e| Failure::delta(i, e))?;
+        decoder.finish().map_err(|e| Failure::BadDelta {
+            index: i,
+            reason: format!("{}: {e}", delta.key()),
+        })?;
         replay_progress(progress, cand, i, from, file.revision(), started);
         if stop {
             break;
@@ -191,7 +207,7 @@ fn write_deltas_blocking(
     }
     let revision = file.revision();
     file.commit()
-        .map_err(|e| format!("commit the restored db: {e}"))?;
+        .map_err(|e| Failure::Local(format!("commit the restored db: {e}")))?;
     tracing::info!(
         revisions = applied,
         revision,

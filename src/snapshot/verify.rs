@@ -33,6 +33,46 @@ impl Report {
     }
 }
 
+/// Why an object could not be read: the store did not answer (worth retrying, never a reason to
+/// prefer older data), or the object itself is missing, damaged or undecodable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ObjectError {
+    Unavailable(String),
+    Corrupt(String),
+    /// This machine failed while taking the object in (a full disk): neither the store's fault nor
+    /// the object's.
+    Local(String),
+}
+
+impl ObjectError {
+    fn from_format(e: format::FormatError) -> Self {
+        let text = crate::telemetry::error_chain(&e);
+        match e {
+            format::FormatError::Read {
+                source: object_store::Error::NotFound { .. },
+                ..
+            } => Self::Corrupt(format!("{text} (missing)")),
+            format::FormatError::Read { .. } | format::FormatError::Write { .. } => Self::Unavailable(text),
+            format::FormatError::Corrupt { .. } => Self::Corrupt(text),
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unavailable(e) => write!(f, "store unavailable: {e}"),
+            Self::Corrupt(e) | Self::Local(e) => f.write_str(e),
+        }
+    }
+}
+
+impl From<ObjectError> for String {
+    fn from(e: ObjectError) -> Self {
+        e.to_string()
+    }
+}
+
 /// Checks one object end to end. An age-encrypted object read without an identity is checked as
 /// far as that allows: its framing and the digest of its (encrypted) payload, which the store's
 /// holder can verify without being able to read it.
@@ -42,7 +82,7 @@ pub async fn verify_object(store: &Store, name: &SnapshotName) -> Result<Verifie
             .await
             .map_err(|e| crate::telemetry::error_chain(&e));
     }
-    read_verified(store, name, |_| Ok(())).await
+    read_verified(store, name, |_| Ok(())).await.map_err(String::from)
 }
 
 /// Stored bytes decompressed per step in `read_verified` (a delta compresses ~60:1 at best).
@@ -52,7 +92,28 @@ const SLICE: usize = 16 << 10;
 /// checks everything `verify_object` checks. For a full snapshot the bytes are etcd's stream as it
 /// was received (the database followed by its sha256), ready for `etcdutl snapshot restore`.
 /// Callers must not use what they received unless this returns `Ok`.
-pub async fn read_verified<F>(store: &Store, name: &SnapshotName, mut on_raw: F) -> Result<Verified, String>
+pub async fn read_verified<F>(store: &Store, name: &SnapshotName, on_raw: F) -> Result<Verified, ObjectError>
+where
+    F: FnMut(&[u8]) -> Result<(), String>,
+{
+    let mut unavailable = None;
+    read_checked(store, name, on_raw, &mut unavailable)
+        .await
+        .map_err(|e| match unavailable.take() {
+            Some(store_error) => store_error,
+            None if e.starts_with(&name.key()) => ObjectError::Corrupt(e),
+            None => ObjectError::Corrupt(format!("{}: {e}", name.key())),
+        })
+}
+
+/// `read_verified` with every failure as text; a failure to read the object (rather than a check
+/// that failed) is also left in `failed`, typed.
+async fn read_checked<F>(
+    store: &Store,
+    name: &SnapshotName,
+    mut on_raw: F,
+    failed: &mut Option<ObjectError>,
+) -> Result<Verified, String>
 where
     F: FnMut(&[u8]) -> Result<(), String>,
 {
@@ -105,7 +166,11 @@ where
         Ok(())
     })
     .await
-    .map_err(|e| crate::telemetry::error_chain(&e))?;
+    .map_err(|e| {
+        let e = ObjectError::from_format(e);
+        *failed = Some(e.clone());
+        e.to_string()
+    })?;
     if let Some(d) = de {
         consume(d.finish().map_err(|e| format!("decode the payload: {e}"))?)?;
     }
@@ -189,7 +254,7 @@ pub async fn verify_store(store: &Store) -> Result<Report, StoreError> {
 }
 
 /// All records of a delta, verified.
-pub async fn read_delta(store: &Store, name: &SnapshotName) -> Result<Vec<Record>, String> {
+pub async fn read_delta(store: &Store, name: &SnapshotName) -> Result<Vec<Record>, ObjectError> {
     let mut decoder = Decoder::new();
     let mut records = Vec::new();
     let mut err = None;
@@ -202,7 +267,7 @@ pub async fn read_delta(store: &Store, name: &SnapshotName) -> Result<Vec<Record
     })
     .await?;
     match err {
-        Some(e) => Err(e),
+        Some(e) => Err(ObjectError::Corrupt(format!("{}: {e}", name.key()))),
         None => Ok(records),
     }
 }
@@ -213,10 +278,11 @@ pub async fn read_full_to_file(
     name: &SnapshotName,
     path: &std::path::Path,
     progress: &crate::telemetry::Progress,
-) -> Result<Verified, String> {
+) -> Result<Verified, ObjectError> {
     use std::io::Write;
+    let local = |e: String| ObjectError::Local(e);
     let mut file = std::io::BufWriter::new(
-        std::fs::File::create(path).map_err(|e| format!("create {}: {e}", path.display()))?,
+        std::fs::File::create(path).map_err(|e| local(format!("create {}: {e}", path.display())))?,
     );
     let total = format::read_footer(store.inner.as_ref(), &name.key())
         .await
@@ -230,15 +296,25 @@ pub async fn read_full_to_file(
             crate::telemetry::rate_line(done, total, started.elapsed(), "B")
         )
     };
+    let mut write_failed = None;
     let v = read_verified(store, name, |raw| {
         done += raw.len() as u64;
         if done > 0 {
             progress.tick(|| line(done));
         }
-        file.write_all(raw).map_err(|e| e.to_string())
+        file.write_all(raw).map_err(|e| {
+            let e = format!("write {}: {e}", path.display());
+            write_failed = Some(e.clone());
+            e
+        })
     })
-    .await?;
+    .await;
+    if let Some(e) = write_failed {
+        return Err(local(e));
+    }
+    let v = v?;
     progress.update(line(done));
-    file.flush().map_err(|e| e.to_string())?;
+    file.flush()
+        .map_err(|e| local(format!("write {}: {e}", path.display())))?;
     Ok(v)
 }

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::wait_for;
@@ -160,10 +160,13 @@ pub fn azure_env(endpoint: &str) -> Vec<(&'static str, String)> {
 }
 
 /// A TCP proxy in front of a store. `cut()` closes every connection and refuses new ones (the
-/// listening socket goes away); `restore()` listens again on the same address.
+/// listening socket goes away); `restore()` listens again on the same address. `cut_after(n)` cuts
+/// by itself once `n` more bytes went from the store to its clients: in the middle of a download.
 pub struct Proxy {
     pub addr: String,
     up: Arc<AtomicBool>,
+    /// Bytes from the store to clients still allowed before the proxy cuts itself.
+    budget: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     target: String,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -174,6 +177,7 @@ impl Proxy {
         let mut p = Self {
             addr: listen.to_owned(),
             up: Arc::new(AtomicBool::new(true)),
+            budget: Arc::new(AtomicU64::new(u64::MAX)),
             stop: Arc::new(AtomicBool::new(false)),
             target: target.to_owned(),
             thread: None,
@@ -186,6 +190,7 @@ impl Proxy {
         let listener = TcpListener::bind(&self.addr).expect("bind proxy");
         listener.set_nonblocking(true).unwrap();
         let (up, stop, target) = (self.up.clone(), self.stop.clone(), self.target.clone());
+        let budget = self.budget.clone();
         self.thread = Some(std::thread::spawn(move || {
             while up.load(Ordering::SeqCst) && !stop.load(Ordering::SeqCst) {
                 match listener.accept() {
@@ -194,8 +199,7 @@ impl Proxy {
                         let Ok(server) = TcpStream::connect(&target) else {
                             continue;
                         };
-                        let up2 = up.clone();
-                        pipe(client, server, up2);
+                        pipe(client, server, up.clone(), budget.clone());
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
@@ -211,8 +215,21 @@ impl Proxy {
     }
 
     pub fn restore(&mut self) {
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+        self.budget.store(u64::MAX, Ordering::SeqCst);
         self.up.store(true, Ordering::SeqCst);
         self.spawn();
+    }
+
+    /// Cuts once `bytes` more bytes have gone from the store to its clients.
+    pub fn cut_after(&self, bytes: u64) {
+        self.budget.store(bytes, Ordering::SeqCst);
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.up.load(Ordering::SeqCst)
     }
 }
 
@@ -225,9 +242,13 @@ impl Drop for Proxy {
     }
 }
 
-fn pipe(a: TcpStream, b: TcpStream, up: Arc<AtomicBool>) {
-    for (mut from, mut to) in [(a.try_clone().unwrap(), b.try_clone().unwrap()), (b, a)] {
-        let up = up.clone();
+fn pipe(a: TcpStream, b: TcpStream, up: Arc<AtomicBool>, budget: Arc<AtomicU64>) {
+    // (client → store, not counted), (store → client, counted against the budget)
+    for (mut from, mut to, counted) in [
+        (a.try_clone().unwrap(), b.try_clone().unwrap(), false),
+        (b, a, true),
+    ] {
+        let (up, budget) = (up.clone(), budget.clone());
         std::thread::spawn(move || {
             from.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
             let mut buf = [0u8; 64 * 1024];
@@ -238,6 +259,17 @@ fn pipe(a: TcpStream, b: TcpStream, up: Arc<AtomicBool>) {
                 match from.read(&mut buf) {
                     Ok(0) => break,
                     Ok(n) => {
+                        if counted {
+                            let left = budget.load(Ordering::SeqCst);
+                            if left != u64::MAX {
+                                if (n as u64) >= left {
+                                    let _ = to.write_all(&buf[..left as usize]);
+                                    up.store(false, Ordering::SeqCst);
+                                    break;
+                                }
+                                budget.store(left - n as u64, Ordering::SeqCst);
+                            }
+                        }
                         if to.write_all(&buf[..n]).is_err() {
                             break;
                         }
