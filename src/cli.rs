@@ -73,6 +73,7 @@ pub async fn snapshot(args: SnapshotArgs) -> i32 {
         endpoints,
         tls,
         timeout: Duration::from_secs(10),
+        user: None,
     };
     let mut client = match cfg.connect().await {
         Ok(c) => c,
@@ -82,7 +83,7 @@ pub async fn snapshot(args: SnapshotArgs) -> i32 {
         }
     };
     let progress = crate::telemetry::Progress::terminal();
-    let result = full::take_full(&mut client, &store, args.compression, false, &progress).await;
+    let result = full::take_full(&mut client, &store, args.compression, false, None, &progress).await;
     progress.done();
     match result {
         Ok(r) => {

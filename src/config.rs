@@ -285,6 +285,13 @@ pub struct RunOptions {
     /// Client key for the warden's etcd client [default: etcd's --key-file when --client-cert-auth]
     #[arg(long, env = "ETCD_WARDEN_ETCD_KEY", value_name = "FILE")]
     pub etcd_key: Option<PathBuf>,
+    /// etcd user for the warden's client when etcd has auth enabled (needs the root role: snapshots
+    /// and the all-keys watch require it); with --etcd-password-file [default: none]
+    #[arg(long, env = "ETCD_WARDEN_ETCD_USER", value_name = "NAME")]
+    pub etcd_user: Option<String>,
+    /// File holding that user's password (one line; re-read on every reconnect) [default: none]
+    #[arg(long, env = "ETCD_WARDEN_ETCD_PASSWORD_FILE", value_name = "FILE")]
+    pub etcd_password_file: Option<PathBuf>,
     /// Encrypt new snapshots with age to these recipients (age1…, comma-separated) [default: no encryption]
     #[arg(long, env = "ETCD_WARDEN_ENCRYPT_TO", value_name = "RECIPIENTS")]
     pub encrypt_to: Option<String>,
@@ -423,6 +430,8 @@ impl RunOptions {
             etcd_ca: self.etcd_ca.or(file.etcd_ca),
             etcd_cert: self.etcd_cert.or(file.etcd_cert),
             etcd_key: self.etcd_key.or(file.etcd_key),
+            etcd_user: self.etcd_user.or(file.etcd_user),
+            etcd_password_file: self.etcd_password_file.or(file.etcd_password_file),
             defrag_schedule: self.defrag_schedule.or(file.defrag_schedule),
             encrypt_to: self.encrypt_to.or(file.encrypt_to),
             encrypt_to_file: self.encrypt_to_file.or(file.encrypt_to_file),
@@ -566,7 +575,29 @@ impl RunConfig {
                 reason: "--etcd-cert and --etcd-key go together (give both or neither)".to_owned(),
             });
         }
-        let client = ClientConfig::from_args(&etcd, &overrides, health_timeout);
+        let mut client = ClientConfig::from_args(&etcd, &overrides, health_timeout);
+        client.user = match (o.etcd_user.clone(), o.etcd_password_file.clone()) {
+            (None, None) => None,
+            (Some(name), Some(password_file)) => {
+                if let Err(e) = std::fs::read_to_string(&password_file) {
+                    return Err(ConfigError::Invalid {
+                        option: "etcd-password-file",
+                        reason: format!(
+                            "{}: {e} (give a readable file holding the password)",
+                            password_file.display()
+                        ),
+                    });
+                }
+                Some(crate::etcd::client::UserAuth { name, password_file })
+            }
+            _ => {
+                return Err(ConfigError::Invalid {
+                    option: "etcd-user",
+                    reason: "--etcd-user and --etcd-password-file go together (give both or neither)"
+                        .to_owned(),
+                });
+            }
+        };
 
         let schedule_s = o.full_snapshot_schedule.as_deref().unwrap_or("0 * * * *");
         let full_schedule =

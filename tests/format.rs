@@ -33,6 +33,7 @@ fn header(rev: i64) -> Header {
         member_id: 2,
         etcd_version: "3.5.1".into(),
         writer: "test".into(),
+        outside: None,
     }
 }
 

@@ -23,17 +23,27 @@ pub struct TlsFiles {
     pub identity: Option<(PathBuf, PathBuf)>,
 }
 
+/// etcd's username/password auth for the warden's client (`--etcd-user`, `--etcd-password-file`).
+/// The user needs the root role: snapshots and the all-keys watch require it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserAuth {
+    pub name: String,
+    /// Read at every connect, so a rotated password is picked up on reconnect.
+    pub password_file: PathBuf,
+}
+
 /// Where and how to connect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientConfig {
     pub endpoints: Vec<String>,
     pub tls: Option<TlsFiles>,
     pub timeout: Duration,
+    pub user: Option<UserAuth>,
 }
 
 #[derive(Debug, Error)]
 pub enum ClientError {
-    #[error("read TLS file {path}")]
+    #[error("read TLS or password file {path}")]
     ReadTls {
         path: PathBuf,
         #[source]
@@ -65,11 +75,52 @@ impl ClientConfig {
             endpoints: args.client_endpoints(),
             tls,
             timeout,
+            user: None,
         }
     }
 
     /// Connects, reading the TLS files afresh (rotated certificates are picked up on reconnect).
     pub async fn connect(&self) -> Result<Client, ClientError> {
+        Ok(self.connect_auth().await?.0)
+    }
+
+    /// `connect`, and whether the client authenticated. With `user`, it authenticates when etcd has
+    /// auth enabled, and connects without credentials while it has not (etcd refuses to
+    /// authenticate then), so `auth enable` needs only a reconnect.
+    pub async fn connect_auth(&self) -> Result<(Client, bool), ClientError> {
+        let options = self.options()?;
+        if let Some(u) = &self.user {
+            let password =
+                std::fs::read_to_string(&u.password_file).map_err(|source| ClientError::ReadTls {
+                    path: u.password_file.clone(),
+                    source,
+                })?;
+            let password = password.trim_end_matches(['\n', '\r']);
+            let with_user = options
+                .clone()
+                .with_user(u.name.clone(), password)
+                .with_auto_token_refresh(true);
+            match Client::connect(&self.endpoints, Some(with_user)).await {
+                Ok(c) => return Ok((c, true)),
+                Err(e) if e.to_string().contains("authentication is not enabled") => {}
+                Err(source) => {
+                    return Err(ClientError::Connect {
+                        endpoints: self.endpoints.join(","),
+                        source,
+                    });
+                }
+            }
+        }
+        Client::connect(&self.endpoints, Some(options))
+            .await
+            .map(|c| (c, false))
+            .map_err(|source| ClientError::Connect {
+                endpoints: self.endpoints.join(","),
+                source,
+            })
+    }
+
+    fn options(&self) -> Result<ConnectOptions, ClientError> {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(self.timeout)
             .with_timeout(self.timeout)
@@ -84,12 +135,7 @@ impl ClientConfig {
             }
             options = options.with_tls(t);
         }
-        Client::connect(&self.endpoints, Some(options))
-            .await
-            .map_err(|source| ClientError::Connect {
-                endpoints: self.endpoints.join(","),
-                source,
-            })
+        Ok(options)
     }
 }
 

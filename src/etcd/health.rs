@@ -89,6 +89,15 @@ pub async fn run(
                     result = Ok(prev);
                 }
             }
+            // Auth was enabled (or a token went stale) under this client: connect again, with the
+            // configured user this time.
+            if let Err(reason) = &result
+                && ["user name is empty", "invalid auth token", "permission denied"]
+                    .iter()
+                    .any(|m| reason.contains(m))
+            {
+                client = None;
+            }
             // Drop the result if etcd changed under us while we were asking.
             if child.borrow().incarnation == state.incarnation {
                 let previous_ok = health.borrow().healthy && health.borrow().incarnation == state.incarnation;

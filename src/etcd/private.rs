@@ -118,9 +118,7 @@ impl PrivateEtcd {
                 return Err(format!("the private etcd exited at start ({status}): {tail}"));
             }
             if let Ok(mut c) = me.client().await
-                && c.get("\0", Some(etcd_client::GetOptions::new().with_serializable()))
-                    .await
-                    .is_ok()
+                && revision(&mut c, true).await.is_ok()
             {
                 return Ok(me);
             }
@@ -157,11 +155,22 @@ impl PrivateEtcd {
 
 /// The revision a private etcd on restored data serves.
 pub async fn restored_revision(client: &mut Client) -> Result<i64, String> {
-    Ok(client
-        .get("\0", None)
+    revision(client, false)
         .await
-        .map_err(|e| format!("read the restored revision: {e}"))?
-        .header()
-        .map(|h| h.revision())
-        .unwrap_or(0))
+        .map_err(|e| format!("read the restored revision: {e}"))
+}
+
+/// The revision etcd serves (a `serializable` read answers without a leader). Data with auth
+/// enabled refuses the read to a client without credentials but still answers `Status`, whose
+/// header carries the same revision.
+pub async fn revision(client: &mut Client, serializable: bool) -> Result<i64, etcd_client::Error> {
+    let opts = serializable.then(|| etcd_client::GetOptions::new().with_serializable());
+    match client.get("\0", opts).await {
+        Ok(r) => Ok(r.header().map(|h| h.revision()).unwrap_or(0)),
+        Err(e) if crate::snapshot::outside::is_auth_error(&e) => {
+            let s = client.status().await?;
+            Ok(s.header().map(|h| h.revision()).unwrap_or(0))
+        }
+        Err(e) => Err(e),
+    }
 }

@@ -176,6 +176,7 @@ async fn attempt(
         &store,
         cfg.backup.compression,
         true,
+        None,
         &crate::telemetry::Progress::to({
             let status = status.clone();
             move |what| {

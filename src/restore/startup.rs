@@ -182,11 +182,9 @@ pub async fn prepare(
                 PrivateEtcd::start(reaper, &cfg.launch.program, &data, &cfg.etcd.name, &log, false).await?;
             let rev = async {
                 let mut c = private.client().await?;
-                let r = c
-                    .get("\0", Some(etcd_client::GetOptions::new().with_serializable()))
+                crate::etcd::private::revision(&mut c, true)
                     .await
-                    .map_err(|e| format!("read the local revision: {e}"))?;
-                Ok::<i64, String>(r.header().map(|h| h.revision()).unwrap_or(0))
+                    .map_err(|e| format!("read the local revision: {e}"))
             }
             .await;
             private.stop().await;

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::delta::{self, DeltaBuffer};
 use super::delta_codec::{Event, EventType, Lease, Revision};
-use super::full;
+use super::{full, outside};
 use crate::etcd::{ClientConfig, Health};
 use crate::store::layout::Compression;
 use crate::store::retention::{self, Policy};
@@ -161,6 +161,10 @@ pub struct Backup {
     creds_mtime: Option<SystemTime>,
     /// Raised while a defragmentation runs: the health loop holds its verdict meanwhile.
     defragmenting: watch::Sender<bool>,
+    /// Whether the current client authenticated (auth is enabled in etcd).
+    authenticated: bool,
+    /// The membership and auth fingerprint recorded with the current chain's full snapshot.
+    outside_at_full: Option<String>,
 }
 
 fn mtime(path: &std::path::Path) -> Option<SystemTime> {
@@ -193,6 +197,8 @@ impl Backup {
                 retry_delay: RETRY_MIN,
                 creds_mtime: None,
                 defragmenting,
+                authenticated: false,
+                outside_at_full: None,
             },
             BackupHandle { full, delta, control },
         )
@@ -279,8 +285,11 @@ impl Backup {
                 let _ = reply.send(());
                 return;
             }
-            let mut client = match self.cfg.client.connect().await {
-                Ok(c) => c,
+            let mut client = match self.cfg.client.connect_auth().await {
+                Ok((c, authenticated)) => {
+                    self.authenticated = authenticated;
+                    c
+                }
                 Err(err) => {
                     tracing::debug!(error = %err, "backup client not connected yet");
                     if self.back_off_or_stop().await {
@@ -401,6 +410,19 @@ impl Backup {
             );
             return Ok(None);
         }
+        // Membership or auth changed since that full (while no warden watched): a new full now.
+        let recorded = crate::store::format::read_header(store.inner.as_ref(), &newest.key())
+            .await
+            .ok()
+            .and_then(|h| h.outside);
+        let now = outside::fingerprint(client, self.authenticated).await.ok();
+        if let (Some(then), Some(now)) = (&recorded, &now)
+            && then != now
+        {
+            tracing::info!("etcd's membership or auth changed since the newest full snapshot: taking one");
+            return Ok(None);
+        }
+        self.outside_at_full = recorded.or(now);
         tracing::info!(base, after, "resuming the newest backup chain");
         self.status.send_modify(|s| {
             s.chain_base = Some(base);
@@ -478,7 +500,22 @@ impl Backup {
         let progress = crate::telemetry::Progress::to(move |what| {
             status.send_modify(|s| s.in_progress = what);
         });
-        let result = full::take_full(client, store, self.cfg.compression, false, &progress).await;
+        let outside = match outside::fingerprint(client, self.authenticated).await {
+            Ok(fp) => Some(fp),
+            Err(e) => {
+                tracing::warn!(error = ?e, "cannot read etcd's membership and auth state; the full snapshot records none");
+                None
+            }
+        };
+        let result = full::take_full(
+            client,
+            store,
+            self.cfg.compression,
+            false,
+            outside.clone(),
+            &progress,
+        )
+        .await;
         progress.done();
         match result {
             Ok(r) => {
@@ -497,6 +534,7 @@ impl Backup {
                     s.chain_base = Some(rev);
                     s.backed_up_revision = Some(s.backed_up_revision.unwrap_or(0).max(rev));
                 });
+                self.outside_at_full = outside;
                 self.apply_retention(store).await;
                 Ok(ChainId {
                     base: rev,
@@ -672,6 +710,9 @@ impl Backup {
                     if !buf.is_empty() {
                         self.flush(store, &mut buf).await;
                     }
+                    if let Some(o) = self.check_outside(client, store, &mut buf).await {
+                        return o;
+                    }
                 }
                 msg = watch_msg => {
                     let resp = match msg {
@@ -709,6 +750,38 @@ impl Backup {
                         s.pending_delta_events = buf.pending_events();
                     });
                 }
+            }
+        }
+    }
+
+    /// Membership and auth are in full snapshots only: after a change, a full snapshot at once.
+    async fn check_outside(
+        &mut self,
+        client: &mut Client,
+        store: &Store,
+        buf: &mut DeltaBuffer,
+    ) -> Option<Outcome> {
+        let recorded = self.outside_at_full.clone()?;
+        match outside::fingerprint(client, self.authenticated).await {
+            Ok(now) if now != recorded => {
+                tracing::info!(
+                    "etcd's membership or auth changed: taking a full snapshot (deltas carry key events only)"
+                );
+                self.full_during_stream(client, store, buf).await
+            }
+            Ok(_) => None,
+            Err(outside::OutsideError::NeedsCredentials(e)) => {
+                if self.cfg.client.user.is_none() {
+                    tracing::error!(error = %e, "etcd has auth enabled: give the warden --etcd-user and --etcd-password-file (a user with the root role)");
+                } else {
+                    tracing::info!("etcd's auth changed: reconnecting with the configured user");
+                }
+                self.flush(store, buf).await;
+                Some(Outcome::Reconnect)
+            }
+            Err(outside::OutsideError::Unavailable(e)) => {
+                tracing::debug!(error = %e, "membership and auth check failed; next period");
+                None
             }
         }
     }

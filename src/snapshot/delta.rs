@@ -196,6 +196,7 @@ pub async fn upload(
         member_id: 0,
         etcd_version: String::new(),
         writer: concat!("etcd-warden ", env!("CARGO_PKG_VERSION")).into(),
+        outside: None,
     };
     let mut comp = Packer::new(compression, &store.keys).map_err(SnapshotError::Compress)?;
     comp.write(&p.raw).map_err(SnapshotError::Compress)?;

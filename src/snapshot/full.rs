@@ -105,6 +105,7 @@ pub async fn take_full(
     store: &Store,
     compression: Compression,
     is_final: bool,
+    outside: Option<String>,
     progress: &crate::telemetry::Progress,
 ) -> Result<FullResult, SnapshotError> {
     let started = Instant::now();
@@ -133,6 +134,7 @@ pub async fn take_full(
         member_id: hdr.as_ref().map(|h| h.member_id()).unwrap_or(0),
         etcd_version: status.version().to_owned(),
         writer: concat!("etcd-warden ", env!("CARGO_PKG_VERSION")).into(),
+        outside,
     };
     let key = name.key();
     // Open etcd's stream first: if it cannot start, no upload is created at all.

@@ -1,5 +1,6 @@
 //! Backups: full snapshots streamed from etcd (`full`), delta snapshots from a watch (`delta`,
-//! `delta_codec`), compression (`compress`), and the loop that schedules them (`backup`).
+//! `delta_codec`), compression (`compress`), the loop that schedules them (`backup`), and what only
+//! a full snapshot carries: membership and auth (`outside`).
 
 pub mod backup;
 pub mod compress;
@@ -7,4 +8,5 @@ pub mod crypt;
 pub mod delta;
 pub mod delta_codec;
 pub mod full;
+pub mod outside;
 pub mod verify;

@@ -61,6 +61,10 @@ pub struct Header {
     #[serde(default)]
     pub etcd_version: String,
     pub writer: String,
+    /// Full: sha256 (hex) of etcd's membership and auth state when the snapshot began
+    /// (`snapshot::outside`); a later difference makes the backup loop take a full soon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outside: Option<String>,
 }
 
 /// Written after the payload.
@@ -231,6 +235,26 @@ async fn read_tail(store: &dyn ObjectStore, key: &str) -> Result<Tail, FormatErr
         digest,
         footer,
     })
+}
+
+/// Reads only an object's header: two small range reads.
+pub async fn read_header(store: &dyn ObjectStore, key: &str) -> Result<Header, FormatError> {
+    let corrupt = |reason: String| FormatError::Corrupt {
+        key: key.to_owned(),
+        reason,
+    };
+    let read_err = |source| FormatError::Read {
+        key: key.to_owned(),
+        source,
+    };
+    let path = Path::from(key);
+    let head = store.get_range(&path, 0..12).await.map_err(read_err)?;
+    if &head[0..8] != MAGIC {
+        return Err(corrupt("no magic (not an etcd-warden object)".into()));
+    }
+    let len = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as u64;
+    let bytes = store.get_range(&path, 12..12 + len).await.map_err(read_err)?;
+    serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("header is not valid JSON: {e}")))
 }
 
 /// Reads only an object's footer (e.g. to know the raw size before streaming it).

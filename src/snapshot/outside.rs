@@ -1,0 +1,90 @@
+//! What a full snapshot carries and a delta does not: cluster membership and auth (users, roles,
+//! their permissions, whether auth is enabled). Deltas are key events only, so a change out there
+//! would be lost in a restore of the newest chain until the next scheduled full. The backup loop
+//! compares this fingerprint with the one recorded in the newest full snapshot's header and takes
+//! a full snapshot soon after a change.
+
+use etcd_client::Client;
+use sha2::{Digest, Sha256};
+
+/// Whether an etcd error means "this request needs (other) credentials": auth was enabled under a
+/// client that connected without them, or its token is no longer valid.
+pub fn is_auth_error(e: &etcd_client::Error) -> bool {
+    let text = e.to_string();
+    [
+        "user name is empty",
+        "invalid auth token",
+        "permission denied",
+        "authentication failed",
+    ]
+    .iter()
+    .any(|m| text.contains(m))
+}
+
+/// Why no fingerprint could be taken.
+#[derive(Debug)]
+pub enum OutsideError {
+    /// Auth is on and this client has no credentials for it: reconnect (with `--etcd-user`).
+    NeedsCredentials(String),
+    /// etcd did not answer; try again later.
+    Unavailable(String),
+}
+
+/// A digest of the membership and auth state (hex sha256), as seen by `client`, which
+/// `authenticated` says connected with credentials (so auth is enabled).
+pub async fn fingerprint(client: &mut Client, authenticated: bool) -> Result<String, OutsideError> {
+    let fail = |e: etcd_client::Error| {
+        if is_auth_error(&e) {
+            OutsideError::NeedsCredentials(e.to_string())
+        } else {
+            OutsideError::Unavailable(e.to_string())
+        }
+    };
+    let mut lines = Vec::new();
+    let members = client.member_list().await.map_err(fail)?;
+    let mut members: Vec<String> = members
+        .members()
+        .iter()
+        .map(|m| {
+            format!(
+                "member {:x} {} peers={} learner={}",
+                m.id(),
+                m.name(),
+                m.peer_urls().join(","),
+                m.is_learner()
+            )
+        })
+        .collect();
+    members.sort();
+    lines.extend(members);
+    lines.push(format!("auth enabled={authenticated}"));
+    let mut users: Vec<String> = client.user_list().await.map_err(fail)?.users().to_vec();
+    users.sort();
+    for u in users {
+        let mut roles = client.user_get(u.as_str()).await.map_err(fail)?.roles().to_vec();
+        roles.sort();
+        lines.push(format!("user {u} roles={}", roles.join(",")));
+    }
+    let mut roles: Vec<String> = client.role_list().await.map_err(fail)?.roles().to_vec();
+    roles.sort();
+    for r in roles {
+        let mut perms: Vec<String> = client
+            .role_get(r.as_str())
+            .await
+            .map_err(fail)?
+            .permissions()
+            .iter()
+            .map(|p| {
+                format!(
+                    "{:?} {} {}",
+                    p.get_type(),
+                    hex::encode(p.key()),
+                    hex::encode(p.range_end())
+                )
+            })
+            .collect();
+        perms.sort();
+        lines.push(format!("role {r} perms={}", perms.join(";")));
+    }
+    Ok(hex::encode(Sha256::digest(lines.join("\n").as_bytes())))
+}
