@@ -159,6 +159,17 @@ fn exact_restore(etcd: &Path, via: Via) {
                 .unwrap();
         }
     });
+    // Known to the restore from the full snapshot only: a lease and a compaction mark.
+    let (full_lease, compacted) = rt.block_on(async {
+        let mut c = client(&ip).await;
+        let lease = c.lease_grant(900, None).await.unwrap().id();
+        c.put("/leased/in-full", "1", Some(PutOptions::new().with_lease(lease)))
+            .await
+            .unwrap();
+        let at = c.get("x", None).await.unwrap().header().unwrap().revision() - 10;
+        c.compact(at, None).await.unwrap();
+        (lease, at)
+    });
     // Writes run continuously while a full snapshot is taken (SIGUSR1).
     let stop = Arc::new(AtomicBool::new(false));
     let rounds = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -292,6 +303,23 @@ fn exact_restore(etcd: &Path, via: Via) {
             .unwrap()
     });
     assert_eq!(ttl.granted_ttl(), 600, "lease not restored with its TTL");
+    rt.block_on(async {
+        let mut c = client(&ip2).await;
+        let full = c.lease_time_to_live(full_lease, None).await.unwrap();
+        assert_eq!(full.granted_ttl(), 900, "the lease known from the full snapshot");
+        let kv = c.get("/leased/in-full", None).await.unwrap();
+        assert_eq!(kv.kvs()[0].lease(), full_lease, "its key keeps the lease");
+        let old = c
+            .get(
+                "/bulk/",
+                Some(GetOptions::new().with_prefix().with_revision(compacted - 1)),
+            )
+            .await;
+        assert!(
+            old.is_err_and(|e| e.to_string().contains("compacted")),
+            "a read below the compaction mark taken before the full must say compacted"
+        );
+    });
     assert!(
         ttl.ttl() > 0 && ttl.ttl() <= 600,
         "lease TTL {} not in (0, 600]",
@@ -547,18 +575,26 @@ fn replay_is_exact_under_put_delete_churn() {
     w.wait_exit(START);
     broken_restore_tool_is_named(&store, &etcd, dir.path());
 
-    let ip2 = unique_ip();
-    let restored = dir.path().join("restored");
-    let (code, out) = restore_cli(&store, &restored, &etcd, &ip2, &[]);
-    assert_eq!(code, 0, "{out}");
-    assert!(
-        !out.contains("WARNING: skipped"),
-        "the newest chain was not used:\n{out}"
-    );
-    let _plain = PlainEtcd::start(&etcd, &ip2, &restored, "m1");
-    let (rev2, got) = rt.block_on(async { dump(&mut client(&ip2).await, None).await });
-    assert_eq!(rev2, rev, "restored revision differs\n{out}");
-    assert_eq!(got, original, "restored keys differ");
+    // Both ways: the replay through etcd drains its pipeline behind every delete-only revision.
+    for via in [Via::Bbolt, Via::Etcd] {
+        let ip2 = unique_ip();
+        let restored = dir.path().join(format!("restored-{via:?}"));
+        let (code, out) = restore_cli_via(&store, &restored, &etcd, &ip2, &[], via);
+        assert_eq!(code, 0, "{out}");
+        assert!(
+            out.contains(via.evidence()),
+            "the restore did not go {via:?}:\n{out}"
+        );
+        assert!(
+            !out.contains("WARNING: skipped"),
+            "the newest chain was not used:\n{out}"
+        );
+        let plain = PlainEtcd::start(&etcd, &ip2, &restored, "m1");
+        let (rev2, got) = rt.block_on(async { dump(&mut client(&ip2).await, None).await });
+        assert_eq!(rev2, rev, "restored revision differs ({via:?})\n{out}");
+        assert_eq!(got, original, "restored keys differ ({via:?})");
+        plain.stop();
+    }
 }
 
 /// The delta files of the store's newest chain, by first revision.

@@ -639,22 +639,38 @@ mod tests {
 
     /// What bbolt's tx.Check and rebalance rely on: keys in order within each page and within
     /// the bounds the parent gives (its key for the child ≤ every key < the next sibling's key),
-    /// and at least two children in every branch page but the root. Returns the page's first key.
-    fn check_tree(db: &BoltFile, id: u64, low: Option<&[u8]>, high: Option<&[u8]>, is_root: bool) -> Vec<u8> {
-        let keys: Vec<Vec<u8>> = match db.node(id).expect("page") {
-            Node::Leaf(items) => items.into_iter().map(|(_, k, _)| k).collect(),
+    /// at least two children in every branch page but the root, and every leaf at the same depth (a
+    /// B+tree's balance, which bbolt's node splitting and merging assume). Returns the page's first
+    /// key and how many levels lie below it.
+    fn check_tree(
+        db: &BoltFile,
+        id: u64,
+        low: Option<&[u8]>,
+        high: Option<&[u8]>,
+        is_root: bool,
+    ) -> (Vec<u8>, usize) {
+        let (keys, below): (Vec<Vec<u8>>, usize) = match db.node(id).expect("page") {
+            Node::Leaf(items) => (items.into_iter().map(|(_, k, _)| k).collect(), 0),
             Node::Branch(items) => {
                 assert!(
                     is_root || items.len() >= 2,
                     "branch page {id} has {} child",
                     items.len()
                 );
+                let mut depth = None;
                 for (i, (k, child)) in items.iter().enumerate() {
                     let next = items.get(i + 1).map(|(k, _)| k.as_slice()).or(high);
-                    let first = check_tree(db, *child, Some(k), next, false);
+                    let (first, d) = check_tree(db, *child, Some(k), next, false);
                     assert!(k <= &first, "page {id}: key above its child's first key");
+                    assert!(
+                        *depth.get_or_insert(d) == d,
+                        "page {id}: child {child} has leaves {d} levels down, a sibling {depth:?}"
+                    );
                 }
-                items.into_iter().map(|(k, _)| k).collect()
+                (
+                    items.into_iter().map(|(k, _)| k).collect(),
+                    depth.unwrap_or(0) + 1,
+                )
             }
         };
         assert!(
@@ -667,7 +683,49 @@ mod tests {
         if let (Some(h), Some(last)) = (high, keys.last()) {
             assert!(last.as_slice() < h, "page {id}: reaches its next sibling's key");
         }
-        keys.first().cloned().unwrap_or_default()
+        (keys.first().cloned().unwrap_or_default(), below)
+    }
+
+    /// The balance check itself fires: a root whose children have leaves at different depths.
+    #[test]
+    #[should_panic(expected = "levels down")]
+    fn check_tree_refuses_leaves_at_different_depths() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("db");
+        let (ps, meta, raw) = three_pages();
+        std::fs::write(&path, &raw).expect("write");
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("open");
+        let mut out = BufWriter::new(f.try_clone().expect("clone"));
+        out.seek(SeekFrom::Start(2 * ps as u64)).expect("seek");
+        let mut db = BoltFile {
+            _lock: nix::fcntl::Flock::lock(
+                f.try_clone().expect("clone"),
+                nix::fcntl::FlockArg::LockExclusiveNonblock,
+            )
+            .expect("lock"),
+            file: f,
+            out,
+            page_size: ps,
+            meta,
+            next: 2,
+        };
+        let leaf = |k: u8| Node::Leaf(vec![(0, vec![k], vec![k])]);
+        let l1 = db.write_node(&leaf(1)).expect("leaf");
+        let l5 = db.write_node(&leaf(5)).expect("leaf");
+        let l6 = db.write_node(&leaf(6)).expect("leaf");
+        let b = db
+            .write_node(&Node::Branch(vec![(vec![5], l5), (vec![6], l6)]))
+            .expect("branch");
+        let root = db
+            .write_node(&Node::Branch(vec![(vec![1], l1), (vec![5], b)]))
+            .expect("root");
+        db.out.flush().expect("flush");
+        db.meta.pgid = db.next;
+        check_tree(&db, root, None, None, true);
     }
 
     /// A file with two metas, a root leaf with one bucket, built by this writer; then a large
@@ -728,7 +786,11 @@ mod tests {
         let db = BoltFile::open(&path).expect("reopen");
         let root = db.root_items().expect("root");
         let b = BucketValue::parse(&root[0].2).expect("bucket");
-        check_tree(&db, b.root, None, None, true);
+        let (_, levels) = check_tree(&db, b.root, None, None, true);
+        assert!(
+            levels >= 2,
+            "40 000 keys in 4 KiB pages make branch levels: {levels}"
+        );
         let items = db.bucket_items(&b).expect("items");
         assert_eq!(items.len(), 2 * n as usize);
         for (i, (f, k, v)) in items.iter().enumerate() {
