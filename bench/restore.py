@@ -74,6 +74,13 @@ def hashkv(ctl, rev):
     return json.loads(p.stdout)[0]["HashKV"]["hash"]
 
 
+def revision(ctl):
+    """etcd's own answer: the revision in `endpoint status`."""
+    p = subprocess.run([ctl, f"--endpoints=http://{IP}:2379", "endpoint", "status", "-w", "json"],
+                       env=dict(os.environ, ETCDCTL_API="3"), capture_output=True, text=True, check=True)
+    return json.loads(p.stdout)[0]["Status"]["header"]["revision"]
+
+
 def poll(what, f, timeout=600):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -177,8 +184,9 @@ def run(a, tmp, store, etcd_flags, ctl, bindir, base, final, want, snap):
         if got != want:
             raise SystemExit(f"restored {out}: HashKV at {final} is {got}, the original's is {want}")
 
-    res = {"warden": [], "etcdutl": [], "replay": []}
-    rss = {"warden": [], "etcdutl": [], "replay": []}
+    res = {"warden": [], "bumped": [], "etcdutl": [], "replay": []}
+    rss = {"warden": [], "bumped": [], "etcdutl": [], "replay": []}
+    bump_secs = []
     tree = []
     for r in range(a.rounds):
         out = os.path.join(tmp, f"w{r}")
@@ -187,6 +195,28 @@ def run(a, tmp, store, etcd_flags, ctl, bindir, base, final, want, snap):
         res["warden"].append(t); rss["warden"].append(m); tree.append(whole)
         if r == 0:
             check(out)
+        shutil.rmtree(out)
+        # The same with the revision bump an automatic restore does (--restore-bump-revision).
+        out = os.path.join(tmp, f"b{r}")
+        p = subprocess.run(["/usr/bin/time", "-f", "@@%e %M", a.warden, "restore", "--store", store, "--data-dir", out,
+                            *restore_flags, "--bump-revision", "1000000000", "--mark-compacted"],
+                           env=dict(os.environ, RUST_LOG="info"), capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"bumped restore failed: {p.stderr[-3000:]}")
+        wall, peak = [l for l in p.stderr.splitlines() if l.startswith("@@")][-1][2:].split()
+        res["bumped"].append(float(wall)); rss["bumped"].append(int(peak) / 1024.0)
+        for line in p.stderr.splitlines():
+            if "revision bumped" in line and "secs=" in line:
+                bump_secs.append(float(line.split("secs=")[1].split()[0]))
+        if r == 0:
+            e = subprocess.Popen([a.etcd, *etcd_flags[:2], "--data-dir", out, *etcd_flags[4:]],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                got = poll("etcd on the bumped restore", lambda: revision(ctl), timeout=120)
+            finally:
+                e.terminate(); e.wait()
+            if got != final + 1000000000:
+                raise SystemExit(f"bumped restore serves revision {got}, want {final + 1000000000}")
         shutil.rmtree(out)
         out = os.path.join(tmp, f"u{r}")
         t, m, _ = timed([os.path.join(bindir, "etcdutl"), "snapshot", "restore", snap, "--data-dir", out,
@@ -208,6 +238,9 @@ def run(a, tmp, store, etcd_flags, ctl, bindir, base, final, want, snap):
     print(f"  etcd-warden restore (full + all deltas)          {mw:7.2f}s   peak RSS {max(rss['warden']):6.1f} MiB"
           f"   ratio {mw / mu:.2f}x")
     print(f"    (largest process in the restore tree: {max(tree):.1f} MiB)")
+    mb = statistics.median(res["bumped"])
+    print(f"  same with --bump-revision 1e9 --mark-compacted   {mb:7.2f}s   peak RSS {max(rss['bumped']):6.1f} MiB (with etcdutl)"
+          f"   ratio {mb / mu:.2f}x; the bump itself {1000 * max(bump_secs or [0]):.1f} ms (max of {len(bump_secs)})")
     if res["replay"]:
         mr = res["replay"][0]
         print(f"  same, deltas replayed through a private etcd     {mr:7.2f}s   peak RSS {rss['replay'][0]:6.1f} MiB"

@@ -687,8 +687,15 @@ fn a_corrupt_middle_delta_cuts_the_chain_before_it_and_says_so() {
     std::fs::remove_dir_all(dir.path().join("data")).unwrap();
     let mut argv = vec![etcd.display().to_string()];
     argv.extend(etcd_args(&ip, &dir.path().join("data")));
-    let mut w = Warden::start(&ip, &["--store", &store], &argv);
+    let notify = NotifySocket::bind(dir.path());
+    let mut w = Warden::builder(&ip, &["--store", &store], &argv)
+        .env("NOTIFY_SOCKET", notify.path.to_str().unwrap())
+        .spawn();
     w.wait_ready(START);
+    let line = format!("RESTORED OLDER DATA: revision {good} of {newest}");
+    wait_for("the systemd STATUS line to say so", START, || {
+        notify.has(&line).then_some(())
+    });
     let status = w.status();
     let r = &status["restore"]["startup_restores"];
     assert_eq!(r["last_backed_up_revision"], good, "{status}");

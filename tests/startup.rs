@@ -318,3 +318,71 @@ fn local_data_newer_than_every_usable_backup_is_kept() {
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
 }
+
+/// A drill that restores fine but reproduces another history than the live etcd's says so: the
+/// live data was rolled back to an earlier revision (a restore without a bump) and took other
+/// writes up to the same revision, so the store's chain and the live etcd agree on the revision
+/// number and nothing else. `matches_live` is false, the drill failed, readiness is untouched.
+#[test]
+fn a_drill_that_does_not_reproduce_the_live_history_says_so() {
+    let s = Setup::new(etcd35());
+    let (newest, _) = s.write_and_back_up("one-", 5);
+    let back_to = newest - 3;
+    std::fs::remove_dir_all(s.data()).unwrap();
+    let out = std::process::Command::new(WARDEN)
+        .args(["restore", "--store", &s.store, "--data-dir"])
+        .arg(s.data())
+        .args(["--to-revision", &back_to.to_string(), "--name", "m1"])
+        .args(["--initial-cluster", &format!("m1=http://{}:2380", s.ip)])
+        .args(["--initial-advertise-peer-urls", &format!("http://{}:2380", s.ip)])
+        .arg("--etcd")
+        .arg(&s.etcd)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    {
+        let _plain = PlainEtcd::start(&s.etcd, &s.ip, &s.data(), "m1");
+        for i in 0..3 {
+            etcdctl(&s.ctl, &s.ip, &["put", &format!("two-{i}"), "another history"]).unwrap();
+        }
+        assert_eq!(
+            dump(&s.ctl, &s.ip).0,
+            newest,
+            "the other history reaches the same revision"
+        );
+    }
+    let mut argv = vec![s.etcd.display().to_string()];
+    argv.extend(etcd_args(&s.ip, &s.data()));
+    let mut w = Warden::start(
+        &s.ip,
+        &[
+            "--store",
+            &s.store,
+            "--delta-snapshot-period",
+            "200ms",
+            "--verify-schedule",
+            "*/2 * * * * *",
+        ],
+        &argv,
+    );
+    w.wait_ready(START);
+    let status = wait_for("a drill that compared with the live etcd", START, || {
+        let st = w.status();
+        (st["backup"]["restore_drill"]["matches_live"] == false).then_some(st)
+    });
+    let drill = &status["backup"]["restore_drill"];
+    assert!(
+        drill["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("do not reproduce"),
+        "{status}"
+    );
+    assert_eq!(
+        w.get("/readyz").unwrap().0,
+        200,
+        "a failed drill must not touch readiness"
+    );
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+}
