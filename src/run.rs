@@ -188,6 +188,7 @@ pub async fn run(
         restores: restores_tx,
         ownership: ownership_rx,
         recheck,
+        hurry: false,
     };
     let status = terms.run().await;
     tracing::info!(%status, "etcd stopped; warden exiting");
@@ -213,6 +214,8 @@ struct Terms {
     restores: watch::Sender<RestoreStats>,
     ownership: watch::Receiver<OwnershipStatus>,
     recheck: Arc<Notify>,
+    /// A second stop signal came: exit without the tail upload.
+    hurry: bool,
     /// The flush before a graceful stop may take at most this long.
     flush_budget: Duration,
 }
@@ -240,7 +243,12 @@ impl Terms {
             }
             let _ = self.requests.send(Request::Start).await;
             let killed = match self.serve().await {
-                Served::Exit(status) => return status,
+                Served::Exit(status) => {
+                    if *self.stopping.borrow() && !self.hurry {
+                        self.upload_tail(status).await;
+                    }
+                    return status;
+                }
                 Served::OwnershipLost(killed) => killed,
             };
             if let Some(status) = self.fence(killed).await {
@@ -321,6 +329,35 @@ impl Terms {
             }
         }
         Some(new.backup)
+    }
+
+    /// After a graceful stop, the revisions etcd acknowledged after the last flush (see
+    /// `snapshot::tail`), within --stop-timeout. Logged, never fatal.
+    async fn upload_tail(&self, status: ExitStatus) {
+        let killed = status == ExitStatus::Signal(9);
+        let limit = self.config.policy.stop_timeout;
+        match tokio::time::timeout(
+            limit,
+            crate::snapshot::tail::upload_tail(&self.config, &self.reaper, killed),
+        )
+        .await
+        {
+            Ok(Ok(None)) => tracing::debug!("no revisions after the last flush"),
+            Ok(Ok(Some((first, last)))) => {
+                tracing::info!(
+                    first,
+                    last,
+                    "revisions acknowledged during the stop uploaded from a private etcd"
+                )
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "the revisions acknowledged during the stop could not be uploaded; the next start uploads them from the data dir")
+            }
+            Err(_) => tracing::error!(
+                limit_s = limit.as_secs(),
+                "uploading the revisions acknowledged during the stop took longer than --stop-timeout; the next start uploads them from the data dir"
+            ),
+        }
     }
 
     /// Stops the supervisor (etcd is not running) and returns its status.
@@ -419,6 +456,7 @@ impl Terms {
                     let Some(sig) = self.on_signal(ev) else { continue };
                     if *self.stopping.borrow() {
                         tracing::warn!(signal = %sig, "second stop signal: killing etcd now");
+                        self.hurry = true;
                         let _ = self.requests.send(Request::Stop).await;
                         let _ = self.requests.send(Request::Stop).await;
                         continue;

@@ -671,6 +671,7 @@ impl Backup {
                 biased;
                 Some(c) = self.control_rx.recv() => match c {
                     Control::Stop(reply) => {
+                        self.catch_up(client, store, &mut buf, &mut watch).await;
                         self.flush(store, &mut buf).await;
                         return Outcome::Stop(reply);
                     }
@@ -715,43 +716,97 @@ impl Backup {
                     }
                 }
                 msg = watch_msg => {
-                    let resp = match msg {
-                        Ok(Some(r)) => r,
-                        Ok(None) => { self.flush(store, &mut buf).await; return Outcome::Reconnect; }
-                        Err(err) => {
-                            tracing::warn!(error = %err, "delta watch ended");
-                            self.flush(store, &mut buf).await;
-                            return Outcome::Reconnect;
-                        }
-                    };
-                    if resp.canceled() {
-                        self.flush(store, &mut buf).await;
-                        if resp.compact_revision() > 0 {
-                            tracing::warn!(compact_revision = resp.compact_revision(), wanted = buf.last() + 1, "the chain's next revision was compacted: taking a full snapshot");
-                            return Outcome::NeedFull;
-                        }
-                        tracing::warn!(reason = resp.cancel_reason(), "delta watch canceled");
-                        return Outcome::Reconnect;
-                    }
-                    if let Err(o) = self.append(client, &mut buf, resp.events()).await {
-                        self.flush(store, &mut buf).await;
+                    if let Some(o) = self.on_watch(client, store, &mut buf, msg).await {
                         return o;
                     }
-                    if buf.len() >= self.cfg.delta_max_bytes {
-                        let ok = self.flush(store, &mut buf).await;
-                        if !ok && buf.len() >= self.cfg.delta_max_bytes {
-                            tracing::error!(bytes = buf.len(), "delta buffer full and the store is failing: dropping it; a full snapshot follows once the store is back");
-                            drop(buf.take());
-                            return Outcome::NeedFull;
-                        }
-                    }
-                    self.status.send_modify(|s| {
-                        s.pending_delta_bytes = buf.len() as u64;
-                        s.pending_delta_events = buf.pending_events();
-                    });
                 }
             }
         }
+    }
+
+    /// One message of the delta watch into the buffer; `Some` ends the stream.
+    async fn on_watch(
+        &mut self,
+        client: &mut Client,
+        store: &Store,
+        buf: &mut DeltaBuffer,
+        msg: Result<Option<etcd_client::WatchResponse>, etcd_client::Error>,
+    ) -> Option<Outcome> {
+        let resp = match msg {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                self.flush(store, buf).await;
+                return Some(Outcome::Reconnect);
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "delta watch ended");
+                self.flush(store, buf).await;
+                return Some(Outcome::Reconnect);
+            }
+        };
+        if resp.canceled() {
+            self.flush(store, buf).await;
+            if resp.compact_revision() > 0 {
+                tracing::warn!(
+                    compact_revision = resp.compact_revision(),
+                    wanted = buf.last() + 1,
+                    "the chain's next revision was compacted: taking a full snapshot"
+                );
+                return Some(Outcome::NeedFull);
+            }
+            tracing::warn!(reason = resp.cancel_reason(), "delta watch canceled");
+            return Some(Outcome::Reconnect);
+        }
+        if let Err(o) = self.append(client, buf, resp.events()).await {
+            self.flush(store, buf).await;
+            return Some(o);
+        }
+        if buf.len() >= self.cfg.delta_max_bytes {
+            let ok = self.flush(store, buf).await;
+            if !ok && buf.len() >= self.cfg.delta_max_bytes {
+                tracing::error!(
+                    bytes = buf.len(),
+                    "delta buffer full and the store is failing: dropping it; a full snapshot follows once the store is back"
+                );
+                drop(buf.take());
+                return Some(Outcome::NeedFull);
+            }
+        }
+        self.status.send_modify(|s| {
+            s.pending_delta_bytes = buf.len() as u64;
+            s.pending_delta_events = buf.pending_events();
+        });
+        None
+    }
+
+    /// Before the last flush of a graceful stop: every revision etcd has acknowledged so far must
+    /// be in the buffer, so the watch is read until it reaches etcd's current revision (the caller
+    /// bounds the wait). A write acknowledged just before the stop signal is then in the store.
+    async fn catch_up(
+        &mut self,
+        client: &mut Client,
+        store: &Store,
+        buf: &mut DeltaBuffer,
+        watch: &mut Option<etcd_client::WatchStream>,
+    ) {
+        let Some(w) = watch.as_mut() else { return };
+        let target = match tokio::time::timeout(Duration::from_secs(2), client.status()).await {
+            Ok(Ok(s)) => s.header().map(|h| h.revision()).unwrap_or(0),
+            _ => {
+                tracing::warn!("cannot read etcd's revision at the stop; flushing what the watch delivered");
+                return;
+            }
+        };
+        while buf.last() < target {
+            let msg = w.message().await;
+            if self.on_watch(client, store, buf, msg).await.is_some() {
+                return;
+            }
+        }
+        tracing::debug!(
+            revision = target,
+            "the delta watch reached etcd's revision at the stop"
+        );
     }
 
     /// Membership and auth are in full snapshots only: after a change, a full snapshot at once.
@@ -812,55 +867,13 @@ impl Backup {
         buf: &mut DeltaBuffer,
         events: &[etcd_client::Event],
     ) -> Result<(), Outcome> {
-        let mut current: Option<Revision> = None;
-        for ev in events {
-            let Some(kv) = ev.kv() else { continue };
-            let rev = kv.mod_revision();
-            let kind = match ev.event_type() {
-                EtcdEventType::Put => EventType::Put,
-                EtcdEventType::Delete => EventType::Delete,
-            };
-            if kind == EventType::Put && buf.needs_lease(kv.lease()) {
-                let granted_ttl = lease_granted_ttl(client, kv.lease()).await?;
-                buf.push_lease(Lease {
-                    id: kv.lease(),
-                    granted_ttl,
-                });
-            }
-            let event = Event {
-                kind,
-                key: kv.key().to_vec(),
-                value: kv.value().to_vec(),
-                lease: kv.lease(),
-                create_revision: kv.create_revision(),
-                version: kv.version(),
-            };
-            match current.as_mut() {
-                Some(r) if r.revision == rev => r.events.push(event),
-                _ => {
-                    if let Some(done) = current.take() {
-                        self.push(buf, &done)?;
-                    }
-                    current = Some(Revision {
-                        revision: rev,
-                        events: vec![event],
-                    });
-                }
-            }
-        }
-        if let Some(done) = current.take() {
-            self.push(buf, &done)?;
-        }
-        Ok(())
-    }
-
-    fn push(&mut self, buf: &mut DeltaBuffer, rev: &Revision) -> Result<(), Outcome> {
-        match buf.push(rev) {
-            Ok(_) => Ok(()),
-            Err(gap) => {
+        match append_events(client, buf, events).await {
+            Ok(()) => Ok(()),
+            Err(AppendError::Gap(gap)) => {
                 self.failed("delta", "gap", &gap);
                 Err(Outcome::NeedFull)
             }
+            Err(AppendError::Lease) => Err(Outcome::Reconnect),
         }
     }
 }
@@ -880,6 +893,65 @@ pub fn parse_cron(s: &str) -> Result<croner::Cron, String> {
         .build()
         .parse(s)
         .map_err(|e| e.to_string())
+}
+
+/// Why watch events could not go into a delta buffer.
+pub(super) enum AppendError {
+    /// A revision does not follow the buffer's last: the chain cannot go on.
+    Gap(delta::GapError),
+    /// etcd did not tell a lease's TTL (after retries).
+    Lease,
+}
+
+/// Groups a watch response's events by revision into `buf`, recording each lease's granted TTL
+/// before the first put that uses it.
+pub(super) async fn append_events(
+    client: &mut Client,
+    buf: &mut DeltaBuffer,
+    events: &[etcd_client::Event],
+) -> Result<(), AppendError> {
+    let mut current: Option<Revision> = None;
+    for ev in events {
+        let Some(kv) = ev.kv() else { continue };
+        let rev = kv.mod_revision();
+        let kind = match ev.event_type() {
+            EtcdEventType::Put => EventType::Put,
+            EtcdEventType::Delete => EventType::Delete,
+        };
+        if kind == EventType::Put && buf.needs_lease(kv.lease()) {
+            let granted_ttl = lease_granted_ttl(client, kv.lease())
+                .await
+                .map_err(|_| AppendError::Lease)?;
+            buf.push_lease(Lease {
+                id: kv.lease(),
+                granted_ttl,
+            });
+        }
+        let event = Event {
+            kind,
+            key: kv.key().to_vec(),
+            value: kv.value().to_vec(),
+            lease: kv.lease(),
+            create_revision: kv.create_revision(),
+            version: kv.version(),
+        };
+        match current.as_mut() {
+            Some(r) if r.revision == rev => r.events.push(event),
+            _ => {
+                if let Some(done) = current.take() {
+                    buf.push(&done).map_err(AppendError::Gap)?;
+                }
+                current = Some(Revision {
+                    revision: rev,
+                    events: vec![event],
+                });
+            }
+        }
+    }
+    if let Some(done) = current.take() {
+        buf.push(&done).map_err(AppendError::Gap)?;
+    }
+    Ok(())
 }
 
 /// The TTL a lease was granted with, for the delta that first uses it. etcd answers a lease that

@@ -9,4 +9,5 @@ pub mod delta;
 pub mod delta_codec;
 pub mod full;
 pub mod outside;
+pub mod tail;
 pub mod verify;

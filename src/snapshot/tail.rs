@@ -1,0 +1,122 @@
+//! After a graceful stop: the revisions etcd acknowledged after the backup loop's last flush.
+//!
+//! The loop's last flush waits for its watch to reach etcd's revision at the stop request, but a
+//! client still connected can write until etcd itself stops. Once etcd is down, the data dir's
+//! revision is compared with the chain's last uploaded one; when it is ahead (or etcd had to be
+//! SIGKILLed, so the db may lag its WAL), a private etcd on loopback replays the WAL, the missing
+//! revisions are read through a watch and uploaded as the chain's last delta, the way fencing
+//! reads its final snapshot. Bounded by the caller.
+
+use std::path::PathBuf;
+
+use etcd_client::WatchOptions;
+
+use super::backup::{AppendError, append_events};
+use super::delta::{self, DeltaBuffer};
+use crate::config::RunConfig;
+use crate::etcd::private::{PrivateEtcd, revision};
+use crate::pid1::Reaper;
+use crate::restore::mvcc::MvccFile;
+
+/// Uploads the tail; `Some((first, last))` when there was one.
+pub async fn upload_tail(
+    cfg: &RunConfig,
+    reaper: &Reaper,
+    killed: bool,
+) -> Result<Option<(i64, i64)>, String> {
+    if cfg.backup.delta_period.is_zero() {
+        return Ok(None);
+    }
+    let store = cfg
+        .backup
+        .open_store()
+        .map_err(|e| crate::telemetry::error_chain(&e))?;
+    let fulls: Vec<_> = store
+        .list_fulls()
+        .await
+        .map_err(|e| crate::telemetry::error_chain(&e))?
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    let Some(newest) = fulls.last().copied() else {
+        return Ok(None);
+    };
+    let Some(chain) = newest.chain() else {
+        return Ok(None);
+    };
+    let after = store
+        .list_chain(&newest, &fulls)
+        .await
+        .map_err(|e| crate::telemetry::error_chain(&e))?
+        .last()
+        .map(|(n, _)| n.last_revision())
+        .unwrap_or(chain.base);
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let data = cwd.join(&cfg.etcd.data_dir);
+    // etcd stopped cleanly: its db holds every applied revision, so a look at the file decides.
+    if !killed
+        && let Ok(db) = MvccFile::open(&data.join("member/snap/db"))
+        && db.revision() <= after
+    {
+        return Ok(None);
+    }
+    let private = PrivateEtcd::start(
+        reaper,
+        &cfg.launch.program,
+        &data,
+        &cfg.etcd.name,
+        &crate::restore::startup::beside(&data, ".tail.log"),
+        false,
+    )
+    .await?;
+    let result = async {
+        let mut client = private.client().await?;
+        let rev = revision(&mut client, false)
+            .await
+            .map_err(|e| format!("read the private etcd's revision: {e}"))?;
+        if rev <= after {
+            return Ok(None);
+        }
+        let mut buf = DeltaBuffer::new(chain, after);
+        let mut watch = client
+            .watch_client()
+            .max_decoding_message_size(64 * 1024 * 1024)
+            .watch(
+                vec![0u8],
+                Some(WatchOptions::new().with_all_keys().with_start_revision(after + 1)),
+            )
+            .await
+            .map_err(|e| format!("watch the tail: {e}"))?;
+        while buf.last() < rev {
+            let resp = watch
+                .message()
+                .await
+                .map_err(|e| format!("watch the tail: {e}"))?
+                .ok_or("the tail's watch ended early")?;
+            if resp.canceled() {
+                return Err(format!(
+                    "the tail's watch was canceled (compacted at {}): revisions {}..={rev} are not in the store",
+                    resp.compact_revision(),
+                    after + 1
+                ));
+            }
+            append_events(&mut client, &mut buf, resp.events())
+                .await
+                .map_err(|e| match e {
+                    AppendError::Gap(g) => g.to_string(),
+                    AppendError::Lease => "a lease's TTL could not be read".into(),
+                })?;
+        }
+        let Some(pending) = buf.take() else {
+            return Ok(None);
+        };
+        let range = (pending.first, pending.last);
+        delta::upload(&store, &pending, cfg.backup.compression)
+            .await
+            .map_err(|e| crate::telemetry::error_chain(&e))?;
+        Ok(Some(range))
+    }
+    .await;
+    private.stop().await;
+    result
+}
