@@ -687,6 +687,10 @@ impl RunConfig {
             retention,
             defrag_schedule,
             keys,
+            cluster: etcd
+                .initial_cluster
+                .as_deref()
+                .is_some_and(|c| c.split(',').filter(|m| !m.trim().is_empty()).count() > 1),
         };
         Ok(Self {
             launch: Launch {

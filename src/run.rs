@@ -244,7 +244,15 @@ impl Terms {
             let _ = self.requests.send(Request::Start).await;
             let killed = match self.serve().await {
                 Served::Exit(status) => {
-                    if *self.stopping.borrow() && !self.hurry {
+                    // In a cluster only the writer uploads, the tail too.
+                    let writer = self
+                        .shared
+                        .backup
+                        .borrow()
+                        .role
+                        .as_deref()
+                        .is_none_or(|r| r == "writer");
+                    if *self.stopping.borrow() && !self.hurry && writer {
                         self.upload_tail(status).await;
                     }
                     return status;

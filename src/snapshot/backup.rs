@@ -42,6 +42,9 @@ pub struct BackupConfig {
     pub defrag_schedule: Option<croner::Cron>,
     /// `--encrypt-to` recipients and `--identity-file` identities.
     pub keys: super::crypt::Keys,
+    /// etcd's `--initial-cluster` names more than one member: only the warden whose etcd is the
+    /// raft leader (not a learner) writes to the store.
+    pub cluster: bool,
 }
 
 impl BackupConfig {
@@ -119,6 +122,9 @@ pub struct BackupStatus {
     /// The newest revision safely in the store.
     pub backed_up_revision: Option<i64>,
     pub chain_base: Option<i64>,
+    /// In a multi-member cluster: `writer` while this member's etcd leads (it uploads, runs
+    /// retention and defragmentation), `follower` otherwise; `None` for a single member.
+    pub role: Option<String>,
     pub pending_delta_bytes: u64,
     pub pending_delta_events: u64,
     pub fulls_total: u64,
@@ -298,6 +304,16 @@ impl Backup {
                     continue;
                 }
             };
+            if self.cfg.cluster {
+                match self.wait_leadership(&mut client).await {
+                    Leadership::Leader => {}
+                    Leadership::Stop(reply) => {
+                        let _ = reply.send(());
+                        return;
+                    }
+                    Leadership::Retry => continue,
+                }
+            }
             if let Some(path) = &self.cfg.credentials {
                 self.creds_mtime = mtime(path);
             }
@@ -334,6 +350,44 @@ impl Backup {
                         return;
                     }
                 }
+            }
+        }
+    }
+
+    /// In a cluster, waits while this member's etcd does not lead (checked every second): one
+    /// writer per cluster, whose chain the next leader's warden continues from the store.
+    async fn wait_leadership(&mut self, client: &mut Client) -> Leadership {
+        let mut said = None;
+        loop {
+            match leads(client).await {
+                Some(Ok(())) => {
+                    tracing::info!("this member's etcd leads: writing backups");
+                    self.status.send_modify(|s| s.role = Some("writer".into()));
+                    return Leadership::Leader;
+                }
+                Some(Err(leader)) => {
+                    if said != Some(leader) {
+                        tracing::info!(
+                            leader = format!("{leader:x}"),
+                            "another member leads: its warden writes backups; following"
+                        );
+                        said = Some(leader);
+                    }
+                    self.status.send_modify(|s| {
+                        s.role = Some("follower".into());
+                        s.pending_delta_bytes = 0;
+                        s.pending_delta_events = 0;
+                    });
+                }
+                None => return Leadership::Retry,
+            }
+            tokio::select! {
+                Some(c) = self.control_rx.recv() => match c {
+                    Control::Stop(reply) => return Leadership::Stop(reply),
+                    Control::Reload => {}
+                    Control::Reconfigure(cfg) => self.cfg = *cfg,
+                },
+                _ = tokio::time::sleep(LEADERSHIP_CHECK) => {}
             }
         }
     }
@@ -633,6 +687,8 @@ impl Backup {
         let mut next_full = self.next_full_at();
         let mut next_defrag = self.cfg.defrag_schedule.as_ref().and_then(next_at);
         let mut chain_full_not_before = tokio::time::Instant::now();
+        let mut leadership = tokio::time::interval(LEADERSHIP_CHECK);
+        leadership.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if self.cfg.full_after_revisions > 0
                 && buf.is_empty()
@@ -699,6 +755,14 @@ impl Backup {
                 _ = full_due => {
                     next_full = self.next_full_at();
                     if let Some(o) = self.full_during_stream(client, store, &mut buf).await { return o; }
+                }
+                _ = leadership.tick(), if self.cfg.cluster => {
+                    if let Some(Err(leader)) = leads(client).await {
+                        tracing::info!(leader = format!("{leader:x}"), "this member's etcd no longer leads: flushing the buffered delta and handing over");
+                        self.flush(store, &mut buf).await;
+                        self.status.send_modify(|s| s.role = Some("follower".into()));
+                        return Outcome::Reconnect;
+                    }
                 }
                 _ = tick.tick() => {
                     if let Some(path) = &self.cfg.credentials
@@ -893,6 +957,31 @@ pub fn parse_cron(s: &str) -> Result<croner::Cron, String> {
         .build()
         .parse(s)
         .map_err(|e| e.to_string())
+}
+
+/// How often a cluster member's warden checks who leads.
+const LEADERSHIP_CHECK: Duration = Duration::from_secs(1);
+
+enum Leadership {
+    Leader,
+    Stop(oneshot::Sender<()>),
+    /// etcd did not answer: connect again.
+    Retry,
+}
+
+/// Whether the etcd behind `client` is the raft leader and a voter: `Some(Err(leader))` names
+/// another member, `None` when etcd does not answer.
+async fn leads(client: &mut Client) -> Option<Result<(), u64>> {
+    let s = tokio::time::timeout(LEADERSHIP_CHECK, client.status())
+        .await
+        .ok()?
+        .ok()?;
+    let me = s.header()?.member_id();
+    Some(if s.leader() == me && !s.is_learner() {
+        Ok(())
+    } else {
+        Err(s.leader())
+    })
 }
 
 /// Why watch events could not go into a delta buffer.

@@ -1,0 +1,209 @@
+//! Three real etcd members on loopback, a warden each, one store: exactly one writer (the leader's
+//! warden), and when the leader dies with its warden the next leader's warden continues the same
+//! chain, so the store holds every write a client saw acknowledged.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::*;
+use nix::sys::signal::Signal;
+
+const START: Duration = Duration::from_secs(60);
+
+/// etcd's command line for member `i` of the cluster on `ips`.
+fn member_args(etcd: &Path, ips: &[String], i: usize, data: &Path) -> Vec<String> {
+    let cluster = ips
+        .iter()
+        .enumerate()
+        .map(|(j, ip)| format!("m{j}=http://{ip}:2380"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let ip = &ips[i];
+    vec![
+        etcd.display().to_string(),
+        "--name".into(),
+        format!("m{i}"),
+        "--data-dir".into(),
+        data.display().to_string(),
+        "--listen-client-urls".into(),
+        format!("http://{ip}:2379"),
+        "--advertise-client-urls".into(),
+        format!("http://{ip}:2379"),
+        "--listen-peer-urls".into(),
+        format!("http://{ip}:2380"),
+        "--initial-advertise-peer-urls".into(),
+        format!("http://{ip}:2380"),
+        "--initial-cluster".into(),
+        cluster,
+        "--initial-cluster-token".into(),
+        "warden-test".into(),
+        "--initial-cluster-state".into(),
+        "new".into(),
+    ]
+}
+
+fn role(w: &Warden) -> String {
+    w.status()["backup"]["role"].as_str().unwrap_or("").to_owned()
+}
+
+/// The index of the one warden that says it writes, once exactly one does.
+fn the_writer(wardens: &[Option<Warden>]) -> usize {
+    wait_for("exactly one writer among the wardens", START, || {
+        let writers: Vec<usize> = wardens
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.as_ref().is_some_and(|w| role(w) == "writer"))
+            .map(|(i, _)| i)
+            .collect();
+        let followers = wardens
+            .iter()
+            .filter(|w| w.as_ref().is_some_and(|w| role(w) == "follower"))
+            .count();
+        let alive = wardens.iter().filter(|w| w.is_some()).count();
+        (writers.len() == 1 && followers == alive - 1).then(|| writers[0])
+    })
+}
+
+/// Writes `k…` keys through `ip` (a member that stays up) until told to stop; the acknowledged ones.
+fn writer(ip: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<String>> {
+    std::thread::spawn(move || {
+        rt().block_on(async move {
+            let opts = etcd_client::ConnectOptions::new()
+                .with_timeout(Duration::from_secs(2))
+                .with_connect_timeout(Duration::from_secs(2));
+            let mut client = None;
+            let mut acked = Vec::new();
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                if client.is_none() {
+                    client = etcd_client::Client::connect([format!("http://{ip}:2379")], Some(opts.clone()))
+                        .await
+                        .ok();
+                }
+                let k = format!("k{n:06}");
+                let ok = match client.as_mut() {
+                    Some(c) => c.put(k.as_str(), "v", None).await.is_ok(),
+                    None => false,
+                };
+                if ok {
+                    acked.push(k);
+                    n += 1;
+                } else {
+                    // An election is under way: the put was not acknowledged; try the next key.
+                    n += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            acked
+        })
+    })
+}
+
+#[test]
+fn etcd_3_5_one_writer_per_cluster_and_the_next_leader_continues_the_chain() {
+    one_writer_and_handover(&etcd35());
+}
+
+#[test]
+fn etcd_3_4_one_writer_per_cluster_and_the_next_leader_continues_the_chain() {
+    one_writer_and_handover(&etcd34());
+}
+
+fn one_writer_and_handover(etcd: &Path) {
+    let etcd = etcd.to_path_buf();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let mut wardens: Vec<Option<Warden>> = (0..3)
+        .map(|i| {
+            let argv = member_args(&etcd, &ips, i, &dir.path().join(format!("m{i}")));
+            Some(Warden::start(
+                &ips[i],
+                &["--store", &store, "--delta-snapshot-period", "200ms"],
+                &argv,
+            ))
+        })
+        .collect();
+    for w in wardens.iter().flatten() {
+        w.wait_ready(START);
+    }
+    let first = the_writer(&wardens);
+    // The writer is the raft leader's warden, by etcd's own word.
+    let status = etcdctl(&ctl, &ips[first], &["endpoint", "status", "-w", "json"]).unwrap();
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(
+        status[0]["Status"]["leader"], status[0]["Status"]["header"]["member_id"],
+        "the writer's etcd is not the leader"
+    );
+    wait_for("the writer's first full snapshot", START, || {
+        (wardens[first].as_ref().unwrap().status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+
+    // Writes through a member that survives; the leader and its warden die mid-chain.
+    let survivor = (first + 1) % 3;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = writer(ips[survivor].clone(), stop.clone());
+    std::thread::sleep(Duration::from_millis(1500));
+    let killed_at = std::time::Instant::now();
+    let mut dead = wardens[first].take().unwrap();
+    let dead_etcd = dead.etcd_pid().unwrap();
+    dead.signal(Signal::SIGKILL);
+    dead.wait_exit(START);
+    wait_for("the dead leader's etcd to be gone", START, || {
+        (!alive(dead_etcd)).then_some(())
+    });
+    let second = the_writer(&wardens);
+    assert_ne!(second, first);
+    let new_writer_s = killed_at.elapsed().as_secs_f64();
+    let deltas_before = wardens[second].as_ref().unwrap().status()["backup"]["deltas_total"]
+        .as_u64()
+        .unwrap_or(0);
+    wait_for("the new writer's first delta", START, || {
+        (wardens[second].as_ref().unwrap().status()["backup"]["deltas_total"].as_u64() > Some(deltas_before))
+            .then_some(())
+    });
+    eprintln!(
+        "handover: new writer {new_writer_s:.2}s after the kill, its first delta {:.2}s after",
+        killed_at.elapsed().as_secs_f64()
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::SeqCst);
+    let acked = writes.join().unwrap();
+    assert!(acked.len() > 50, "too few writes acknowledged: {}", acked.len());
+    let rev = etcd_revision(&ctl, &ips[survivor]);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        let b = &wardens[second].as_ref().unwrap().status()["backup"];
+        (b["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
+    });
+    // The followers wrote nothing: one chain, contiguous across the handover.
+    let fulls = std::fs::read_dir(dir.path().join("store/v1/full"))
+        .unwrap()
+        .count();
+    assert_eq!(
+        fulls, 1,
+        "the handover took a new full snapshot (or a follower wrote one)"
+    );
+    let verify = Command::new(WARDEN)
+        .args(["backups", "verify", "--store", &store])
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "the chain does not verify across the handover: {}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    let (found, _) = keys_after_restore(&etcd, &store, &[], "k");
+    assert_none_lost(&acked, &found, "restore after the leader's death");
+    for w in wardens.iter_mut().flatten() {
+        w.signal(Signal::SIGTERM);
+        w.wait_exit(START);
+    }
+}
