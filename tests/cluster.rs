@@ -207,3 +207,86 @@ fn one_writer_and_handover(etcd: &Path) {
         w.wait_exit(START);
     }
 }
+
+/// etcd's member ids by index, from `member list`.
+fn member_ids(ctl: &Path, ip: &str) -> Vec<(String, u64)> {
+    let out = etcdctl(ctl, ip, &["member", "list", "-w", "json"]).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["name"].as_str().unwrap().to_owned(), m["ID"].as_u64().unwrap()))
+        .collect()
+}
+
+/// Ten leader moves under writes: each new leader's warden takes over the same chain; no new full
+/// snapshot, no gap, nothing lost.
+#[test]
+fn ten_leader_moves_under_writes_keep_one_chain() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let wardens: Vec<Option<Warden>> = (0..3)
+        .map(|i| {
+            let argv = member_args(&etcd, &ips, i, &dir.path().join(format!("m{i}")));
+            Some(Warden::start(
+                &ips[i],
+                &["--store", &store, "--delta-snapshot-period", "200ms"],
+                &argv,
+            ))
+        })
+        .collect();
+    for w in wardens.iter().flatten() {
+        w.wait_ready(START);
+    }
+    let mut leader = the_writer(&wardens);
+    wait_for("the first full snapshot", START, || {
+        (wardens[leader].as_ref().unwrap().status()["backup"]["fulls_total"].as_u64() >= Some(1))
+            .then_some(())
+    });
+    let ids = member_ids(&ctl, &ips[0]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = writer(ips[0].clone(), stop.clone());
+    for round in 0..10 {
+        let next = (leader + 1 + round % 2) % 3;
+        let id = ids.iter().find(|(n, _)| *n == format!("m{next}")).unwrap().1;
+        etcdctl(&ctl, &ips[leader], &["move-leader", &format!("{id:x}")])
+            .unwrap_or_else(|e| panic!("move-leader to m{next}: {e}"));
+        let now = wait_for(
+            &format!("m{next}'s warden to write (move {round})"),
+            START,
+            || {
+                let w = the_writer(&wardens);
+                (w == next).then_some(w)
+            },
+        );
+        leader = now;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let acked = writes.join().unwrap();
+    let rev = etcd_revision(&ctl, &ips[leader]);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        let b = &wardens[leader].as_ref().unwrap().status()["backup"];
+        (b["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
+    });
+    let fulls = std::fs::read_dir(dir.path().join("store/v1/full"))
+        .unwrap()
+        .count();
+    assert_eq!(fulls, 1, "a leader move started a new chain");
+    let verify = Command::new(WARDEN)
+        .args(["backups", "verify", "--store", &store])
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+    let (found, _) = keys_after_restore(&etcd, &store, &[], "k");
+    assert_none_lost(&acked, &found, "restore after ten leader moves");
+    drop(wardens);
+}

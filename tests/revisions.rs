@@ -504,6 +504,37 @@ fn two_histories_sharing_a_base_revision_never_mix() {
         assert_eq!(&got, want, "restore {what}");
         plain.stop();
     }
+
+    // A delta of history 2 put into history 1's chain: the same revisions with other events.
+    // `backups verify` accepts overlaps only when they agree, and says what this is.
+    let deltas = dir.path().join("store/v1/delta");
+    let mut chain_dirs: Vec<_> = std::fs::read_dir(&deltas)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(&format!("{b:020}-"))
+        })
+        .collect();
+    chain_dirs.sort();
+    assert_eq!(chain_dirs.len(), 2, "the two chains at {b}: {chain_dirs:?}");
+    let foreign = std::fs::read_dir(&chain_dirs[1])
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    std::fs::copy(&foreign, chain_dirs[0].join(foreign.file_name().unwrap())).unwrap();
+    let verify = Command::new(WARDEN)
+        .args(["backups", "verify", "--store", &store])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&verify.stdout);
+    assert_ne!(verify.status.code(), Some(0), "{text}");
+    assert!(text.contains("two histories under one prefix"), "{text}");
 }
 
 fn now_rfc3339() -> String {

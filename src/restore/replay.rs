@@ -8,7 +8,7 @@ use etcd_client::{Client, Compare, CompareOp, LeaseGrantOptions, Txn, TxnOp};
 
 use super::execute::Failure;
 use super::plan::Candidate;
-use super::write::{Step, replay_progress, step};
+use super::write::{Applied, Step, replay_progress, step};
 use crate::etcd::private::{PrivateEtcd, restored_revision};
 use crate::snapshot::delta_codec::{EventType, Record};
 use crate::snapshot::verify::{ObjectError, read_delta};
@@ -64,6 +64,7 @@ pub(super) async fn apply_deltas(
     let mut last_keepalive = Instant::now();
     let mut pipe = Pipeline::new(client.kv_client(), current);
     let mut prefetch: Prefetch = None;
+    let mut seen = Applied::default();
     for (i, delta) in cand.deltas.iter().enumerate() {
         let records = next_records(store, cand, i, &mut prefetch)
             .await
@@ -91,7 +92,11 @@ pub(super) async fn apply_deltas(
                     let next = step(&r, pipe.enqueued, cand, delta)
                         .map_err(|reason| Failure::BadDelta { index: i, reason })?;
                     match next {
-                        Step::Skip => continue,
+                        Step::Skip => {
+                            seen.check(&r, delta)
+                                .map_err(|reason| Failure::BadDelta { index: i, reason })?;
+                            continue;
+                        }
                         Step::Stop => {
                             pipe.finish().await.map_err(Failure::Local)?;
                             return Ok((pipe.applied_rev, pipe.applied));
@@ -120,6 +125,7 @@ pub(super) async fn apply_deltas(
                         .find(|e| e.kind == EventType::Put)
                         .map(|e| Compare::mod_revision(e.key.clone(), CompareOp::Equal, r.revision));
                     pipe.push(r.revision, ops, guard).await.map_err(Failure::Local)?;
+                    seen.record(&r);
                 }
             }
             if last_keepalive.elapsed() > Duration::from_secs(1) && !leases.is_empty() {

@@ -21,6 +21,35 @@ pub(super) enum Step {
     Apply,
 }
 
+/// The revisions applied from deltas so far, by digest: a later delta that overlaps them (a
+/// handover between writers, a retried upload) must carry the same events, or it belongs to
+/// another history and its chain is cut before it.
+#[derive(Default)]
+pub(super) struct Applied(std::collections::HashMap<i64, u64>);
+
+impl Applied {
+    fn digest(r: &Revision) -> u64 {
+        let d = crate::snapshot::delta_codec::revision_digest(r);
+        u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
+    }
+
+    pub(super) fn record(&mut self, r: &Revision) {
+        self.0.insert(r.revision, Self::digest(r));
+    }
+
+    /// A skipped revision that an earlier delta applied must be the same revision.
+    pub(super) fn check(&self, r: &Revision, delta: &SnapshotName) -> Result<(), String> {
+        match self.0.get(&r.revision) {
+            Some(d) if *d != Self::digest(r) => Err(format!(
+                "{} holds other events for revision {} than an earlier delta of its chain: two histories under one prefix",
+                delta.key(),
+                r.revision
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// What to do with revision `r` when the member is at `current`.
 pub(super) fn step(
     r: &Revision,
@@ -162,6 +191,7 @@ fn write_deltas_blocking(
         )));
     }
     let mut applied = 0u64;
+    let mut applied_digests = Applied::default();
     for (i, delta) in cand.deltas.iter().enumerate() {
         let store = sources
             .blocking_recv()
@@ -177,7 +207,7 @@ fn write_deltas_blocking(
                     _ if stop => {}
                     Record::Lease(l) => file.add_lease(l.id, l.granted_ttl),
                     Record::Revision(r) => match step(&r, file.revision(), cand, delta)? {
-                        Step::Skip => {}
+                        Step::Skip => applied_digests.check(&r, delta)?,
                         Step::Stop => stop = true,
                         Step::Apply => {
                             file.apply(&r).map_err(|e| {
@@ -186,6 +216,7 @@ fn write_deltas_blocking(
                                 e
                             })?;
                             applied += 1;
+                            applied_digests.record(&r);
                         }
                     },
                 }

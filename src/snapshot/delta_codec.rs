@@ -48,6 +48,15 @@ pub enum Record {
 const TAG_REVISION: u8 = 1;
 const TAG_LEASE: u8 = 2;
 
+/// A digest of one revision's events as the delta format encodes them: two deltas that overlap
+/// (a handover between writers, a retried upload) must agree on it for every shared revision.
+pub fn revision_digest(r: &Revision) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut buf = Vec::new();
+    encode_revision(r, &mut buf);
+    Sha256::digest(&buf).into()
+}
+
 pub fn encode_revision(r: &Revision, out: &mut Vec<u8>) {
     out.push(TAG_REVISION);
     out.extend_from_slice(&r.revision.to_le_bytes());
