@@ -687,6 +687,7 @@ impl RunConfig {
             retention,
             defrag_schedule,
             keys,
+            member_name: etcd.name.clone(),
             cluster: etcd
                 .initial_cluster
                 .as_deref()

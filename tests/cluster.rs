@@ -202,6 +202,29 @@ fn one_writer_and_handover(etcd: &Path) {
     );
     let (found, _) = keys_after_restore(&etcd, &store, &[], "k");
     assert_none_lost(&acked, &found, "restore after the leader's death");
+    // Every member reports the backup state and who writes, from the writer's head object.
+    let head: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("store/v1/head.json")).unwrap()).unwrap();
+    assert_eq!(head["member_name"], format!("m{second}"), "{head}");
+    assert!(head["last_revision"].as_i64() >= Some(rev), "{head}");
+    for (i, w) in wardens.iter().enumerate() {
+        let Some(w) = w else { continue };
+        let st = wait_for(
+            &format!("m{i} to report the writer and the backed-up revision"),
+            START,
+            || {
+                let st = w.status();
+                let b = &st["backup"];
+                (b["writer"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with(&format!("m{second} ")))
+                    && b["backed_up_revision"].as_i64() >= Some(rev))
+                .then_some(st)
+            },
+        );
+        let age = st["backup"]["seconds_since_last_success"].as_f64().unwrap();
+        assert!(age < 30.0, "m{i} reports a backup {age} s old: {st}");
+    }
     for w in wardens.iter_mut().flatten() {
         w.signal(Signal::SIGTERM);
         w.wait_exit(START);

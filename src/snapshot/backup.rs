@@ -17,6 +17,7 @@ use super::delta::{self, DeltaBuffer};
 use super::delta_codec::{Event, EventType, Lease, Revision};
 use super::{full, outside};
 use crate::etcd::{ClientConfig, Health};
+use crate::store::head::{Head, Uploaded};
 use crate::store::layout::Compression;
 use crate::store::retention::{self, Policy};
 use crate::store::{ChainId, SnapshotName, Store, StoreUrl};
@@ -45,6 +46,8 @@ pub struct BackupConfig {
     /// etcd's `--initial-cluster` names more than one member: only the warden whose etcd is the
     /// raft leader (not a learner) writes to the store.
     pub cluster: bool,
+    /// This member's `--name`, for the head object.
+    pub member_name: String,
 }
 
 impl BackupConfig {
@@ -125,6 +128,8 @@ pub struct BackupStatus {
     /// In a multi-member cluster: `writer` while this member's etcd leads (it uploads, runs
     /// retention and defragmentation), `follower` otherwise; `None` for a single member.
     pub role: Option<String>,
+    /// Who writes, as the head object says (followers): `name (member id)`.
+    pub writer: Option<String>,
     pub pending_delta_bytes: u64,
     pub pending_delta_events: u64,
     pub fulls_total: u64,
@@ -171,6 +176,10 @@ pub struct Backup {
     authenticated: bool,
     /// The membership and auth fingerprint recorded with the current chain's full snapshot.
     outside_at_full: Option<String>,
+    /// The writer's identity, from its last leadership check.
+    identity: Identity,
+    /// What the writer last put in the head object (clusters).
+    head: Option<Head>,
 }
 
 fn mtime(path: &std::path::Path) -> Option<SystemTime> {
@@ -204,6 +213,8 @@ impl Backup {
                 creds_mtime: None,
                 defragmenting,
                 authenticated: false,
+                identity: Identity::default(),
+                head: None,
                 outside_at_full: None,
             },
             BackupHandle { full, delta, control },
@@ -354,18 +365,94 @@ impl Backup {
         }
     }
 
+    /// The writer's head object after an upload (clusters only): one small PUT. A failure is
+    /// logged and left to the next upload; it never fails the backup.
+    async fn put_head(
+        &mut self,
+        store: &Store,
+        chain: ChainId,
+        revision: i64,
+        full: Option<Uploaded>,
+        delta: Option<Uploaded>,
+    ) {
+        if !self.cfg.cluster {
+            return;
+        }
+        let prev = self.head.take().filter(|h| h.chain == chain || full.is_some());
+        let head = Head {
+            format: 1,
+            cluster_id: self.identity.cluster_id,
+            member_id: self.identity.member_id,
+            member_name: self.cfg.member_name.clone(),
+            raft_term: self.identity.raft_term,
+            chain,
+            last_revision: revision,
+            last_full: full.or_else(|| prev.as_ref().and_then(|h| h.last_full.clone())),
+            last_delta: delta.or_else(|| prev.as_ref().and_then(|h| h.last_delta.clone())),
+            updated_ms: crate::store::layout::now_ms(),
+        };
+        if let Err(e) = store.put_head(&head).await {
+            tracing::warn!(error = %crate::telemetry::error_chain(&e), "cannot update the head object; the next upload tries again");
+        }
+        self.head = Some(head);
+    }
+
+    /// A follower's view of the backups: the writer's head object, read once per delta period.
+    async fn follow_head(&mut self) {
+        let head = match self.cfg.open_store() {
+            Ok(store) => store.get_head().await,
+            Err(e) => Err(e),
+        };
+        match head {
+            Ok(Some(h)) => {
+                let at = |ms: u64| Some(std::time::UNIX_EPOCH + Duration::from_millis(ms));
+                self.status.send_modify(|s| {
+                    s.writer = Some(format!("{} ({:x})", h.member_name, h.member_id));
+                    s.backed_up_revision = Some(h.last_revision);
+                    s.chain_base = Some(h.chain.base);
+                    s.last_success_at = at(h.updated_ms);
+                    let info = |u: &Uploaded| SnapInfo {
+                        key: u.key.clone(),
+                        revision: u.revision,
+                        at: at(u.at_ms),
+                        stored_bytes: 0,
+                        raw_bytes: 0,
+                        duration_seconds: 0.0,
+                    };
+                    s.last_full = h.last_full.as_ref().map(info);
+                    s.last_delta = h.last_delta.as_ref().map(info);
+                });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(error = %crate::telemetry::error_chain(&e), "cannot read the head object")
+            }
+        }
+    }
+
     /// In a cluster, waits while this member's etcd does not lead (checked every second): one
     /// writer per cluster, whose chain the next leader's warden continues from the store.
     async fn wait_leadership(&mut self, client: &mut Client) -> Leadership {
         let mut said = None;
+        let mut last_read = None;
+        let head_every = self.cfg.delta_period.max(LEADERSHIP_CHECK);
         loop {
             match leads(client).await {
-                Some(Ok(())) => {
+                Some(Ok(me)) => {
+                    self.identity = me;
                     tracing::info!("this member's etcd leads: writing backups");
-                    self.status.send_modify(|s| s.role = Some("writer".into()));
+                    let name = format!("{} ({:x})", self.cfg.member_name, me.member_id);
+                    self.status.send_modify(|s| {
+                        s.role = Some("writer".into());
+                        s.writer = Some(name);
+                    });
                     return Leadership::Leader;
                 }
                 Some(Err(leader)) => {
+                    if last_read.is_none_or(|t: tokio::time::Instant| t.elapsed() >= head_every) {
+                        last_read = Some(tokio::time::Instant::now());
+                        self.follow_head().await;
+                    }
                     if said != Some(leader) {
                         tracing::info!(
                             leader = format!("{leader:x}"),
@@ -589,11 +676,18 @@ impl Backup {
                     s.backed_up_revision = Some(s.backed_up_revision.unwrap_or(0).max(rev));
                 });
                 self.outside_at_full = outside;
-                self.apply_retention(store).await;
-                Ok(ChainId {
+                let chain = ChainId {
                     base: rev,
                     base_created_ms: r.name.created_ms,
-                })
+                };
+                let full = Uploaded {
+                    key: r.name.key(),
+                    revision: rev,
+                    at_ms: r.name.created_ms,
+                };
+                self.put_head(store, chain, rev, Some(full), None).await;
+                self.apply_retention(store).await;
+                Ok(chain)
             }
             Err(err) => {
                 self.failed("full", err.reason(), &err);
@@ -644,6 +738,13 @@ impl Backup {
                     s.pending_delta_bytes = buf.len() as u64;
                     s.pending_delta_events = buf.pending_events();
                 });
+                let delta = Uploaded {
+                    key: r.name.key(),
+                    revision: pending.last,
+                    at_ms: r.name.created_ms,
+                };
+                self.put_head(store, pending.chain, pending.last, None, Some(delta))
+                    .await;
                 true
             }
             Err(err) => {
@@ -757,7 +858,11 @@ impl Backup {
                     if let Some(o) = self.full_during_stream(client, store, &mut buf).await { return o; }
                 }
                 _ = leadership.tick(), if self.cfg.cluster => {
-                    if let Some(Err(leader)) = leads(client).await {
+                    let now = leads(client).await;
+                    if let Some(Ok(me)) = now {
+                        self.identity = me;
+                    }
+                    if let Some(Err(leader)) = now {
                         tracing::info!(leader = format!("{leader:x}"), "this member's etcd no longer leads: flushing the buffered delta and handing over");
                         self.flush(store, &mut buf).await;
                         self.status.send_modify(|s| s.role = Some("follower".into()));
@@ -969,16 +1074,29 @@ enum Leadership {
     Retry,
 }
 
+/// Who a status answer came from: cluster, member, raft term.
+#[derive(Debug, Clone, Copy, Default)]
+struct Identity {
+    cluster_id: u64,
+    member_id: u64,
+    raft_term: u64,
+}
+
 /// Whether the etcd behind `client` is the raft leader and a voter: `Some(Err(leader))` names
 /// another member, `None` when etcd does not answer.
-async fn leads(client: &mut Client) -> Option<Result<(), u64>> {
+async fn leads(client: &mut Client) -> Option<Result<Identity, u64>> {
     let s = tokio::time::timeout(LEADERSHIP_CHECK, client.status())
         .await
         .ok()?
         .ok()?;
-    let me = s.header()?.member_id();
-    Some(if s.leader() == me && !s.is_learner() {
-        Ok(())
+    let h = s.header()?;
+    let me = Identity {
+        cluster_id: h.cluster_id(),
+        member_id: h.member_id(),
+        raft_term: h.raft_term(),
+    };
+    Some(if s.leader() == me.member_id && !s.is_learner() {
+        Ok(me)
     } else {
         Err(s.leader())
     })

@@ -86,7 +86,7 @@ pub enum Kind {
 }
 
 /// A chain: the full snapshot it starts from, by revision and creation time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct ChainId {
     pub base: i64,
     pub base_created_ms: u64,

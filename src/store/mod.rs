@@ -3,6 +3,7 @@
 //! retries short enough that an outage shows in /status within one delta period.
 
 pub mod format;
+pub mod head;
 pub mod layout;
 pub mod retention;
 pub mod url;
@@ -42,6 +43,20 @@ pub enum StoreError {
     #[error("list {prefix} in {url}")]
     List {
         prefix: String,
+        url: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("write {key} to {url}")]
+    Write {
+        key: String,
+        url: String,
+        #[source]
+        source: object_store::Error,
+    },
+    #[error("read {key} from {url}")]
+    Read {
+        key: String,
         url: String,
         #[source]
         source: object_store::Error,
