@@ -135,6 +135,19 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
             .map(|h| vec![(Vec::new(), if h { 1.0 } else { 0.0 })])
             .unwrap_or_default(),
     ));
+    // Clusters only: who writes, and whether another cluster owns the prefix.
+    if let Some(role) = &b.role {
+        out.push(gauge(
+            "etcd_warden_backup_writer",
+            "1 on the member whose warden writes the cluster's backups (its etcd leads), 0 on followers.",
+            vec![(Vec::new(), if role == "writer" { 1.0 } else { 0.0 })],
+        ));
+        out.push(gauge(
+            "etcd_warden_backup_foreign_prefix",
+            "1 while another etcd cluster owns the store prefix, so this warden writes nothing there.",
+            vec![(Vec::new(), if b.foreign_prefix.is_some() { 1.0 } else { 0.0 })],
+        ));
+    }
     out.push(counter(
         "etcd_warden_snapshots",
         "Snapshots uploaded, by kind.",

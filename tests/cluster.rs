@@ -18,6 +18,10 @@ const START: Duration = Duration::from_secs(60);
 
 /// etcd's command line for member `i` of the cluster on `ips`.
 fn member_args(etcd: &Path, ips: &[String], i: usize, data: &Path) -> Vec<String> {
+    member_args_token(etcd, ips, i, data, "warden-test")
+}
+
+fn member_args_token(etcd: &Path, ips: &[String], i: usize, data: &Path, token: &str) -> Vec<String> {
     let cluster = ips
         .iter()
         .enumerate()
@@ -42,7 +46,7 @@ fn member_args(etcd: &Path, ips: &[String], i: usize, data: &Path) -> Vec<String
         "--initial-cluster".into(),
         cluster,
         "--initial-cluster-token".into(),
-        "warden-test".into(),
+        token.into(),
         "--initial-cluster-state".into(),
         "new".into(),
     ]
@@ -312,4 +316,82 @@ fn ten_leader_moves_under_writes_keep_one_chain() {
     let (found, _) = keys_after_restore(&etcd, &store, &[], "k");
     assert_none_lost(&acked, &found, "restore after ten leader moves");
     drop(wardens);
+}
+
+/// Another cluster pointed at a prefix that a cluster already claimed writes nothing there and
+/// says why (status, metrics); its readiness is untouched. The owner's record lists its members.
+#[test]
+fn a_second_cluster_on_a_claimed_prefix_writes_nothing() {
+    let etcd = etcd35();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let start = |ips: &[String], name: &str, token: &str| -> Vec<Option<Warden>> {
+        (0..ips.len())
+            .map(|i| {
+                let data = dir.path().join(format!("{name}{i}"));
+                let argv = member_args_token(&etcd, ips, i, &data, token);
+                Some(Warden::start(
+                    &ips[i],
+                    &["--store", &store, "--delta-snapshot-period", "200ms"],
+                    &argv,
+                ))
+            })
+            .collect()
+    };
+    let a_ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let a = start(&a_ips, "a", "cluster-a");
+    for w in a.iter().flatten() {
+        w.wait_ready(START);
+    }
+    let a_writer = the_writer(&a);
+    wait_for("cluster A's first full snapshot", START, || {
+        (a[a_writer].as_ref().unwrap().status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    let owner: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("store/v1/cluster.json")).unwrap()).unwrap();
+    let names: Vec<&str> = owner["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 3, "{owner}");
+
+    let b_ips: Vec<String> = (0..2).map(|_| unique_ip()).collect();
+    let b = start(&b_ips, "b", "cluster-b");
+    for w in b.iter().flatten() {
+        w.wait_ready(START);
+    }
+    let b_writer = wait_for("cluster B's leader's warden to refuse the prefix", START, || {
+        b.iter().flatten().find(|w| {
+            w.status()["backup"]["foreign_prefix"]
+                .as_str()
+                .is_some_and(|why| why.contains("belongs to etcd cluster"))
+        })
+    });
+    let st = b_writer.status();
+    assert_eq!(st["backup"]["fulls_total"], 0, "{st}");
+    assert_eq!(st["backup"]["deltas_total"], 0, "{st}");
+    let (_, metrics) = b_writer.get("/metrics").unwrap();
+    assert!(
+        metrics.contains("etcd_warden_backup_foreign_prefix 1"),
+        "{metrics}"
+    );
+    assert_eq!(
+        b_writer.get("/readyz").unwrap().0,
+        200,
+        "a foreign prefix must not touch readiness"
+    );
+    let fulls = std::fs::read_dir(dir.path().join("store/v1/full"))
+        .unwrap()
+        .count();
+    assert_eq!(fulls, 1, "cluster B wrote a full snapshot into A's prefix");
+    let owner_after: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("store/v1/cluster.json")).unwrap()).unwrap();
+    assert_eq!(
+        owner_after["cluster_id"], owner["cluster_id"],
+        "the claim changed hands"
+    );
+    drop(b);
+    drop(a);
 }

@@ -130,6 +130,8 @@ pub struct BackupStatus {
     pub role: Option<String>,
     /// Who writes, as the head object says (followers): `name (member id)`.
     pub writer: Option<String>,
+    /// Set while another cluster owns the store prefix: why this warden writes nothing.
+    pub foreign_prefix: Option<String>,
     pub pending_delta_bytes: u64,
     pub pending_delta_events: u64,
     pub fulls_total: u64,
@@ -339,6 +341,17 @@ impl Backup {
                     continue;
                 }
             };
+            if self.cfg.cluster {
+                match self.claim_prefix(&mut client, &store).await {
+                    Ok(true) => {}
+                    Ok(false) | Err(()) => {
+                        if self.back_off_or_stop().await {
+                            return;
+                        }
+                        continue;
+                    }
+                }
+            }
             let start = match self.chain_start(&mut client, &store, force_full).await {
                 Ok(s) => s,
                 Err(()) => {
@@ -363,6 +376,70 @@ impl Backup {
                 }
             }
         }
+    }
+
+    /// Before a cluster's writer writes: the prefix is claimed for this cluster (create-if-absent)
+    /// or already is; its member list is kept current there. `Ok(false)`: another cluster owns
+    /// the prefix, so nothing is written (said in /status and metrics; readiness is untouched).
+    async fn claim_prefix(&mut self, client: &mut Client, store: &Store) -> Result<bool, ()> {
+        let members = match client.member_list().await {
+            Ok(r) => r
+                .members()
+                .iter()
+                .map(|m| crate::store::owner::Member {
+                    name: m.name().to_owned(),
+                    id: m.id(),
+                    peer_urls: m.peer_urls().to_vec(),
+                    client_urls: m.client_urls().to_vec(),
+                    is_learner: m.is_learner(),
+                })
+                .collect::<Vec<_>>(),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot list the members before claiming the prefix");
+                return Err(());
+            }
+        };
+        let now = crate::store::layout::now_ms();
+        let ours = crate::store::owner::Owner {
+            format: 1,
+            cluster_id: self.identity.cluster_id,
+            claimed_by: format!("{} ({:x})", self.cfg.member_name, self.identity.member_id),
+            claimed_ms: now,
+            members: members.clone(),
+            updated_ms: now,
+        };
+        let owner = match store.claim(&ours).await {
+            Ok(o) => o,
+            Err(e) => {
+                self.failed("store", "claim", &e);
+                return Err(());
+            }
+        };
+        if owner.cluster_id != self.identity.cluster_id {
+            let why = format!(
+                "the store prefix belongs to etcd cluster {:x} (claimed by {}), this is cluster {:x}: writing nothing there (point --store at this cluster's own prefix)",
+                owner.cluster_id, owner.claimed_by, self.identity.cluster_id
+            );
+            tracing::error!("{why}");
+            self.status.send_modify(|s| {
+                s.foreign_prefix = Some(why.clone());
+                s.healthy = Some(false);
+                s.last_error = Some(why);
+            });
+            return Ok(false);
+        }
+        self.status.send_modify(|s| s.foreign_prefix = None);
+        if owner.members != members {
+            let updated = crate::store::owner::Owner {
+                members,
+                updated_ms: now,
+                ..owner
+            };
+            if let Err(e) = store.put_owner(&updated).await {
+                tracing::warn!(error = %crate::telemetry::error_chain(&e), "cannot update the member list in the store");
+            }
+        }
+        Ok(true)
     }
 
     /// The writer's head object after an upload (clusters only): one small PUT. A failure is
@@ -721,7 +798,12 @@ impl Backup {
     /// Flushes the buffer. On failure the events go back into the buffer for the next attempt.
     async fn flush(&mut self, store: &Store, buf: &mut DeltaBuffer) -> bool {
         let Some(pending) = buf.take() else { return true };
-        match delta::upload(store, &pending, self.cfg.compression).await {
+        let writer = delta::Writer {
+            cluster_id: self.identity.cluster_id,
+            member_id: self.identity.member_id,
+            raft_term: self.identity.raft_term,
+        };
+        match delta::upload(store, &pending, self.cfg.compression, writer).await {
             Ok(r) => {
                 self.succeeded();
                 self.status.send_modify(|s| {

@@ -147,6 +147,14 @@ impl DeltaBuffer {
     }
 }
 
+/// Who wrote a delta: the cluster, member and raft term it recorded the header with (0: unknown).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Writer {
+    pub cluster_id: u64,
+    pub member_id: u64,
+    pub raft_term: u64,
+}
+
 #[derive(Debug, Clone)]
 pub struct DeltaResult {
     pub name: SnapshotName,
@@ -162,6 +170,7 @@ pub async fn upload(
     store: &Store,
     p: &PendingDelta,
     compression: Compression,
+    writer: Writer,
 ) -> Result<DeltaResult, SnapshotError> {
     let started = Instant::now();
     let name = SnapshotName {
@@ -192,8 +201,9 @@ pub async fn upload(
         compression,
         encryption: store.encryption(),
         is_final: false,
-        cluster_id: 0,
-        member_id: 0,
+        cluster_id: writer.cluster_id,
+        member_id: writer.member_id,
+        raft_term: (writer.raft_term > 0).then_some(writer.raft_term),
         etcd_version: String::new(),
         writer: concat!("etcd-warden ", env!("CARGO_PKG_VERSION")).into(),
         outside: None,

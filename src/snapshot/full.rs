@@ -132,6 +132,7 @@ pub async fn take_full(
         is_final,
         cluster_id: hdr.as_ref().map(|h| h.cluster_id()).unwrap_or(0),
         member_id: hdr.as_ref().map(|h| h.member_id()).unwrap_or(0),
+        raft_term: hdr.as_ref().map(|h| h.raft_term()),
         etcd_version: status.version().to_owned(),
         writer: concat!("etcd-warden ", env!("CARGO_PKG_VERSION")).into(),
         outside,

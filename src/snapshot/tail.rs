@@ -111,7 +111,7 @@ pub async fn upload_tail(
             return Ok(None);
         };
         let range = (pending.first, pending.last);
-        delta::upload(&store, &pending, cfg.backup.compression)
+        delta::upload(&store, &pending, cfg.backup.compression, delta::Writer::default())
             .await
             .map_err(|e| crate::telemetry::error_chain(&e))?;
         Ok(Some(range))

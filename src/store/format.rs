@@ -58,6 +58,9 @@ pub struct Header {
     pub cluster_id: u64,
     #[serde(default)]
     pub member_id: u64,
+    /// The raft term the writer wrote in (clusters; absent in older objects).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raft_term: Option<u64>,
     #[serde(default)]
     pub etcd_version: String,
     pub writer: String,

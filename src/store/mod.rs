@@ -5,6 +5,7 @@
 pub mod format;
 pub mod head;
 pub mod layout;
+pub mod owner;
 pub mod retention;
 pub mod url;
 
