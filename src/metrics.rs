@@ -149,6 +149,11 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
         ));
     }
     out.push(counter(
+        "etcd_warden_chain_breaks",
+        "Times a delta chain could not continue because etcd had compacted its next revision (a full snapshot followed; the revisions between are in no delta).",
+        vec![(Vec::new(), b.chain_breaks_total as f64)],
+    ));
+    out.push(counter(
         "etcd_warden_snapshots",
         "Snapshots uploaded, by kind.",
         vec![

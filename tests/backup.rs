@@ -658,3 +658,54 @@ fn a_long_chain_is_cut_by_a_full_snapshot() {
     let (code, out) = warden_cli(&["backups", "verify", "--store", &store_url], &[]);
     assert_eq!(code, 0, "{out}");
 }
+
+/// Compaction overtook the chain (writes while no warden watched, then a compaction): the warden
+/// cannot continue the chain, takes a full snapshot at once and counts a chain break with its
+/// revision range in /status and metrics; never a silent gap.
+#[test]
+fn a_compacted_gap_is_a_counted_chain_break_and_a_new_full() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);
+    for i in 0..5 {
+        etcdctl(&ctl, &ip, &["put", &format!("before{i}"), "x"]).unwrap();
+    }
+    let backed = etcd_revision(&ctl, &ip);
+    wait_for(&format!("revision {backed} in the store"), START, || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(backed)).then_some(())
+    });
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    let compacted = {
+        let _plain = PlainEtcd::start(&etcd, &ip, &dir.path().join("data"), "m1");
+        for i in 0..5 {
+            etcdctl(&ctl, &ip, &["put", &format!("unwatched{i}"), "x"]).unwrap();
+        }
+        let rev = etcd_revision(&ctl, &ip);
+        etcdctl(&ctl, &ip, &["compact", &rev.to_string()]).unwrap();
+        rev
+    };
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, &dir.path().join("data")));
+    let mut w = Warden::start(
+        &ip,
+        &["--store", &store, "--delta-snapshot-period", "200ms"],
+        &argv,
+    );
+    w.wait_ready(START);
+    let status = wait_for("a counted chain break and the full after it", START, || {
+        let st = w.status();
+        (st["backup"]["chain_breaks_total"] == 1 && st["backup"]["chain_base"].as_i64() >= Some(compacted))
+            .then_some(st)
+    });
+    let cb = &status["backup"]["last_chain_break"];
+    assert_eq!(cb["after"], backed, "{status}");
+    assert_eq!(cb["compacted"], compacted, "{status}");
+    let (_, metrics) = w.get("/metrics").unwrap();
+    assert!(metrics.contains("etcd_warden_chain_breaks_total 1"), "{metrics}");
+    assert!(w.log_text().contains("CHAIN BREAK"), "{}", w.log_text());
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+}

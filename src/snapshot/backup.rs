@@ -97,6 +97,16 @@ impl BackupHandle {
     }
 }
 
+/// A chain that could not continue: the store held revisions up to `after`, etcd had compacted
+/// up to `compacted`, so the revisions between are in no delta.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChainBreak {
+    pub after: i64,
+    pub compacted: i64,
+    #[serde(with = "crate::telemetry::opt_unix_seconds")]
+    pub at: Option<SystemTime>,
+}
+
 /// One uploaded snapshot, as /status shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct SnapInfo {
@@ -132,6 +142,9 @@ pub struct BackupStatus {
     pub writer: Option<String>,
     /// Set while another cluster owns the store prefix: why this warden writes nothing.
     pub foreign_prefix: Option<String>,
+    /// Times the chain could not continue because etcd had compacted its next revision.
+    pub chain_breaks_total: u64,
+    pub last_chain_break: Option<ChainBreak>,
     pub pending_delta_bytes: u64,
     pub pending_delta_events: u64,
     pub fulls_total: u64,
@@ -998,11 +1011,23 @@ impl Backup {
         if resp.canceled() {
             self.flush(store, buf).await;
             if resp.compact_revision() > 0 {
-                tracing::warn!(
-                    compact_revision = resp.compact_revision(),
-                    wanted = buf.last() + 1,
-                    "the chain's next revision was compacted: taking a full snapshot"
+                // A chain break, never a silent gap: revisions wanted..compacted are in no delta
+                // (they may have been overwritten since); the full that follows starts a new chain.
+                let wanted = buf.last() + 1;
+                let compacted = resp.compact_revision();
+                tracing::error!(
+                    compact_revision = compacted,
+                    wanted,
+                    "CHAIN BREAK: the chain's next revision was compacted before it was backed up: taking a full snapshot"
                 );
+                self.status.send_modify(|s| {
+                    s.chain_breaks_total += 1;
+                    s.last_chain_break = Some(ChainBreak {
+                        after: wanted - 1,
+                        compacted,
+                        at: Some(SystemTime::now()),
+                    });
+                });
                 return Some(Outcome::NeedFull);
             }
             tracing::warn!(reason = resp.cancel_reason(), "delta watch canceled");
