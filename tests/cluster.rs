@@ -16,11 +16,7 @@ use nix::sys::signal::Signal;
 
 const START: Duration = Duration::from_secs(60);
 
-/// etcd's command line for member `i` of the cluster on `ips`.
-fn member_args(etcd: &Path, ips: &[String], i: usize, data: &Path) -> Vec<String> {
-    member_args_token(etcd, ips, i, data, "warden-test")
-}
-
+/// etcd's command line for member `i` of the cluster on `ips` (bootstrapped with `token`).
 fn member_args_token(etcd: &Path, ips: &[String], i: usize, data: &Path, token: &str) -> Vec<String> {
     let cluster = ips
         .iter()
@@ -50,6 +46,31 @@ fn member_args_token(etcd: &Path, ips: &[String], i: usize, data: &Path, token: 
         "--initial-cluster-state".into(),
         "new".into(),
     ]
+}
+
+/// A warden (and its etcd) for each member of the cluster on `ips`, all on `store`, each ready.
+fn start_members(
+    etcd: &Path,
+    dir: &Path,
+    store: &str,
+    ips: &[String],
+    name: &str,
+    token: &str,
+) -> Vec<Option<Warden>> {
+    let wardens: Vec<Option<Warden>> = (0..ips.len())
+        .map(|i| {
+            let argv = member_args_token(etcd, ips, i, &dir.join(format!("{name}{i}")), token);
+            Some(Warden::start(
+                &ips[i],
+                &["--store", store, "--delta-snapshot-period", "200ms"],
+                &argv,
+            ))
+        })
+        .collect();
+    for w in wardens.iter().flatten() {
+        w.wait_ready(START);
+    }
+    wardens
 }
 
 fn role(w: &Warden) -> String {
@@ -125,19 +146,7 @@ fn one_writer_and_handover(etcd: &Path) {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
     let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
-    let mut wardens: Vec<Option<Warden>> = (0..3)
-        .map(|i| {
-            let argv = member_args(&etcd, &ips, i, &dir.path().join(format!("m{i}")));
-            Some(Warden::start(
-                &ips[i],
-                &["--store", &store, "--delta-snapshot-period", "200ms"],
-                &argv,
-            ))
-        })
-        .collect();
-    for w in wardens.iter().flatten() {
-        w.wait_ready(START);
-    }
+    let mut wardens = start_members(&etcd, dir.path(), &store, &ips, "m", "warden-test");
     let first = the_writer(&wardens);
     // The writer is the raft leader's warden, by etcd's own word.
     let status = etcdctl(&ctl, &ips[first], &["endpoint", "status", "-w", "json"]).unwrap();
@@ -256,19 +265,7 @@ fn ten_leader_moves_under_writes_keep_one_chain() {
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
     let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
-    let wardens: Vec<Option<Warden>> = (0..3)
-        .map(|i| {
-            let argv = member_args(&etcd, &ips, i, &dir.path().join(format!("m{i}")));
-            Some(Warden::start(
-                &ips[i],
-                &["--store", &store, "--delta-snapshot-period", "200ms"],
-                &argv,
-            ))
-        })
-        .collect();
-    for w in wardens.iter().flatten() {
-        w.wait_ready(START);
-    }
+    let wardens = start_members(&etcd, dir.path(), &store, &ips, "m", "warden-test");
     let mut leader = the_writer(&wardens);
     wait_for("the first full snapshot", START, || {
         (wardens[leader].as_ref().unwrap().status()["backup"]["fulls_total"].as_u64() >= Some(1))
@@ -325,24 +322,8 @@ fn a_second_cluster_on_a_claimed_prefix_writes_nothing() {
     let etcd = etcd35();
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
-    let start = |ips: &[String], name: &str, token: &str| -> Vec<Option<Warden>> {
-        (0..ips.len())
-            .map(|i| {
-                let data = dir.path().join(format!("{name}{i}"));
-                let argv = member_args_token(&etcd, ips, i, &data, token);
-                Some(Warden::start(
-                    &ips[i],
-                    &["--store", &store, "--delta-snapshot-period", "200ms"],
-                    &argv,
-                ))
-            })
-            .collect()
-    };
     let a_ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
-    let a = start(&a_ips, "a", "cluster-a");
-    for w in a.iter().flatten() {
-        w.wait_ready(START);
-    }
+    let a = start_members(&etcd, dir.path(), &store, &a_ips, "a", "cluster-a");
     let a_writer = the_writer(&a);
     wait_for("cluster A's first full snapshot", START, || {
         (a[a_writer].as_ref().unwrap().status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
@@ -358,10 +339,7 @@ fn a_second_cluster_on_a_claimed_prefix_writes_nothing() {
     assert_eq!(names.len(), 3, "{owner}");
 
     let b_ips: Vec<String> = (0..2).map(|_| unique_ip()).collect();
-    let b = start(&b_ips, "b", "cluster-b");
-    for w in b.iter().flatten() {
-        w.wait_ready(START);
-    }
+    let b = start_members(&etcd, dir.path(), &store, &b_ips, "b", "cluster-b");
     let b_writer = wait_for("cluster B's leader's warden to refuse the prefix", START, || {
         b.iter().flatten().find(|w| {
             w.status()["backup"]["foreign_prefix"]

@@ -457,10 +457,7 @@ fn corrupt_newest_full_falls_back_to_the_older_chain() {
         .map(|e| e.path())
         .max()
         .unwrap();
-    let mut bytes = std::fs::read(&newest).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x55;
-    std::fs::write(&newest, bytes).unwrap();
+    flip_middle_byte(&newest);
 
     let ip2 = unique_ip();
     let restored = dir.path().join("restored");
@@ -649,10 +646,7 @@ fn a_corrupt_middle_delta_cuts_the_chain_before_it_and_says_so() {
     let deltas = chain_files(&store_dir);
     assert!(deltas.len() >= 3, "want three deltas or more: {deltas:?}");
     let (bad_first, bad) = deltas[deltas.len() / 2].clone();
-    let mut bytes = std::fs::read(&bad).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x55;
-    std::fs::write(&bad, bytes).unwrap();
+    flip_middle_byte(&bad);
     let good = bad_first - 1;
     // etcd's own answer for the state at the last good revision, from the original data dir.
     let want = {

@@ -295,10 +295,7 @@ fn local_data_newer_than_every_usable_backup_is_kept() {
         .map(|e| e.path())
         .max()
         .unwrap();
-    let mut bytes = std::fs::read(&newest_full).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x55;
-    std::fs::write(&newest_full, bytes).unwrap();
+    flip_middle_byte(&newest_full);
     std::fs::remove_dir_all(s.data()).unwrap();
     std::fs::rename(&copy, s.data()).unwrap();
 

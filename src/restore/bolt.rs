@@ -686,33 +686,40 @@ mod tests {
         (keys.first().cloned().unwrap_or_default(), below)
     }
 
-    /// The balance check itself fires: a root whose children have leaves at different depths.
-    #[test]
-    #[should_panic(expected = "levels down")]
-    fn check_tree_refuses_leaves_at_different_depths() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("db");
+    /// A writer on a new file of two metas and no pages yet, positioned at page 2: for building
+    /// trees by hand, below the appender.
+    fn raw_writer(path: &Path) -> (BoltFile, usize) {
         let (ps, meta, raw) = three_pages();
-        std::fs::write(&path, &raw).expect("write");
+        std::fs::write(path, &raw).expect("write");
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .open(&path)
+            .open(path)
             .expect("open");
         let mut out = BufWriter::new(f.try_clone().expect("clone"));
         out.seek(SeekFrom::Start(2 * ps as u64)).expect("seek");
-        let mut db = BoltFile {
-            _lock: nix::fcntl::Flock::lock(
-                f.try_clone().expect("clone"),
-                nix::fcntl::FlockArg::LockExclusiveNonblock,
-            )
-            .expect("lock"),
+        let lock = nix::fcntl::Flock::lock(
+            f.try_clone().expect("clone"),
+            nix::fcntl::FlockArg::LockExclusiveNonblock,
+        )
+        .expect("lock");
+        let db = BoltFile {
+            _lock: lock,
             file: f,
             out,
             page_size: ps,
             meta,
             next: 2,
         };
+        (db, ps)
+    }
+
+    /// The balance check itself fires: a root whose children have leaves at different depths.
+    #[test]
+    #[should_panic(expected = "levels down")]
+    fn check_tree_refuses_leaves_at_different_depths() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut db, _) = raw_writer(&dir.path().join("db"));
         let leaf = |k: u8| Node::Leaf(vec![(0, vec![k], vec![k])]);
         let l1 = db.write_node(&leaf(1)).expect("leaf");
         let l5 = db.write_node(&leaf(5)).expect("leaf");
@@ -735,30 +742,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("db");
         // Root leaf with bucket "b" inline-empty, written below into page 2.
-        let (ps, meta, raw) = three_pages();
         let mut inline = BucketValue::encode(0, 0);
         inline.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
-        std::fs::write(&path, &raw).expect("write");
         {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .expect("open");
-            let mut out = BufWriter::new(f.try_clone().expect("clone"));
-            out.seek(SeekFrom::Start(2 * ps as u64)).expect("seek");
-            let mut page = BoltFile {
-                _lock: nix::fcntl::Flock::lock(
-                    f.try_clone().expect("clone"),
-                    nix::fcntl::FlockArg::LockExclusiveNonblock,
-                )
-                .expect("lock"),
-                file: f,
-                out,
-                page_size: ps,
-                meta,
-                next: 2,
-            };
+            let (mut page, _) = raw_writer(&path);
             let id = page
                 .write_node(&Node::Leaf(vec![(BUCKET_LEAF, b"b".to_vec(), inline.clone())]))
                 .expect("root leaf");

@@ -76,24 +76,15 @@ fn open_store(cfg: &RunConfig) -> Result<Store, String> {
 
 /// The newest revision a restore would reach, or `None` when the store holds no backup.
 async fn newest_backup(store: &Store) -> Result<Option<i64>, String> {
-    let fulls: Vec<_> = store
-        .list_fulls()
+    let Some((newest, chain)) = store
+        .newest_chain()
         .await
         .map_err(|e| crate::telemetry::error_chain(&e))?
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
-    let Some(newest) = fulls.iter().max_by_key(|f| (f.last_revision(), f.created_ms)) else {
+    else {
         return Ok(None);
     };
-    let chain: Vec<_> = store
-        .list_chain(newest, &fulls)
-        .await
-        .map_err(|e| crate::telemetry::error_chain(&e))?
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
-    let cands = plan::candidates(std::slice::from_ref(newest), &|_| chain.clone(), Target::Latest);
+    let chain: Vec<_> = chain.into_iter().map(|(n, _)| n).collect();
+    let cands = plan::candidates(std::slice::from_ref(&newest), &|_| chain.clone(), Target::Latest);
     Ok(cands.first().map(|c| c.target_revision))
 }
 

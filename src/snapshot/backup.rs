@@ -20,7 +20,7 @@ use crate::etcd::{ClientConfig, Health};
 use crate::store::head::{Head, Uploaded};
 use crate::store::layout::Compression;
 use crate::store::retention::{self, Policy};
-use crate::store::{ChainId, SnapshotName, Store, StoreUrl};
+use crate::store::{ChainId, Store, StoreUrl};
 use crate::supervisor::{ChildState, Phase};
 
 /// What the backup loop is configured to do.
@@ -603,8 +603,7 @@ impl Backup {
         client: &mut Client,
         store: &Store,
     ) -> Result<Option<(ChainId, i64)>, crate::store::StoreError> {
-        let fulls = store.list_fulls().await?;
-        let Some((newest, _)) = fulls.last() else {
+        let Some((newest, chain)) = store.newest_chain().await? else {
             tracing::info!("the store has no full snapshot yet: taking one");
             return Ok(None);
         };
@@ -624,8 +623,6 @@ impl Backup {
         let Some(chain_id) = newest.chain() else {
             return Ok(None);
         };
-        let names: Vec<SnapshotName> = fulls.iter().map(|(n, _)| *n).collect();
-        let chain = store.list_chain(newest, &names).await?;
         let after = chain.last().map(|(n, _)| n.last_revision()).unwrap_or(base);
         let current = client
             .status()

@@ -31,23 +31,17 @@ pub async fn upload_tail(
         .backup
         .open_store()
         .map_err(|e| crate::telemetry::error_chain(&e))?;
-    let fulls: Vec<_> = store
-        .list_fulls()
+    let Some((newest, deltas)) = store
+        .newest_chain()
         .await
         .map_err(|e| crate::telemetry::error_chain(&e))?
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
-    let Some(newest) = fulls.last().copied() else {
+    else {
         return Ok(None);
     };
     let Some(chain) = newest.chain() else {
         return Ok(None);
     };
-    let after = store
-        .list_chain(&newest, &fulls)
-        .await
-        .map_err(|e| crate::telemetry::error_chain(&e))?
+    let after = deltas
         .last()
         .map(|(n, _)| n.last_revision())
         .unwrap_or(chain.base);

@@ -3,8 +3,6 @@
 //! every member reports the backup state and who writes, without listing the bucket; it is a
 //! summary for readers, never the source of truth for a restore (the objects are).
 
-use object_store::ObjectStoreExt;
-use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::layout::{ChainId, VERSION_DIR};
@@ -41,35 +39,11 @@ pub struct Head {
 
 impl Store {
     pub async fn put_head(&self, head: &Head) -> Result<(), StoreError> {
-        let body = serde_json::to_vec_pretty(head).expect("a head serializes");
-        self.inner
-            .put(&Path::from(key()), body.into())
-            .await
-            .map(drop)
-            .map_err(|source| StoreError::Write {
-                key: key(),
-                url: self.url.to_string(),
-                source,
-            })
+        self.put_json(&key(), head, false).await.map(drop)
     }
 
     /// `None` when there is none yet (or it cannot be parsed: it is only a summary).
     pub async fn get_head(&self) -> Result<Option<Head>, StoreError> {
-        match self.inner.get(&Path::from(key())).await {
-            Ok(got) => {
-                let bytes = got.bytes().await.map_err(|source| StoreError::Read {
-                    key: key(),
-                    url: self.url.to_string(),
-                    source,
-                })?;
-                Ok(serde_json::from_slice(&bytes).ok())
-            }
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(source) => Err(StoreError::Read {
-                key: key(),
-                url: self.url.to_string(),
-                source,
-            }),
-        }
+        self.get_json(&key()).await
     }
 }

@@ -295,6 +295,20 @@ impl Store {
         Ok(v)
     }
 
+    /// The newest full snapshot (by revision, then creation time) and its chain's deltas, by first
+    /// revision; `None` when the store holds no full snapshot.
+    #[allow(clippy::type_complexity)]
+    pub async fn newest_chain(
+        &self,
+    ) -> Result<Option<(SnapshotName, Vec<(SnapshotName, ObjectMeta)>)>, StoreError> {
+        let fulls: Vec<SnapshotName> = self.list_fulls().await?.into_iter().map(|(n, _)| n).collect();
+        let Some(newest) = fulls.last().copied() else {
+            return Ok(None);
+        };
+        let chain = self.list_chain(&newest, &fulls).await?;
+        Ok(Some((newest, chain)))
+    }
+
     /// Every delta chain directory: its base revision and, in the current layout, its full's
     /// creation time (one listing with a delimiter).
     pub async fn list_chain_dirs(&self) -> Result<Vec<(i64, Option<u64>)>, StoreError> {
@@ -360,6 +374,51 @@ impl Store {
             sort_chain(deltas);
         }
         Ok((fulls, chains))
+    }
+
+    /// A small JSON object (the head, the owner record): `None` when absent or unparsable.
+    pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<Option<T>, StoreError> {
+        let read = |source| StoreError::Read {
+            key: key.to_owned(),
+            url: self.url.to_string(),
+            source,
+        };
+        match self.inner.get(&Path::from(key)).await {
+            Ok(got) => Ok(serde_json::from_slice(&got.bytes().await.map_err(read)?).ok()),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(source) => Err(read(source)),
+        }
+    }
+
+    /// Writes a small JSON object: overwritten, or only if absent (`create`: `Ok(false)` when it
+    /// already existed).
+    pub(crate) async fn put_json<T: serde::Serialize>(
+        &self,
+        key: &str,
+        value: &T,
+        create: bool,
+    ) -> Result<bool, StoreError> {
+        let body = serde_json::to_vec_pretty(value).expect("a record serializes");
+        let opts = object_store::PutOptions {
+            mode: if create {
+                object_store::PutMode::Create
+            } else {
+                object_store::PutMode::Overwrite
+            },
+            ..Default::default()
+        };
+        match self.inner.put_opts(&Path::from(key), body.into(), opts).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) if create => Ok(false),
+            Err(source) => Err(StoreError::Write {
+                key: key.to_owned(),
+                url: self.url.to_string(),
+                source,
+            }),
+        }
     }
 
     pub async fn delete(&self, key: &str) -> Result<(), StoreError> {

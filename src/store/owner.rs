@@ -3,8 +3,6 @@
 //! peer and client URLs), so a quorum-loss restore knows the members without being told. A warden
 //! of another cluster pointed at the same prefix finds a different cluster id and writes nothing.
 
-use object_store::path::Path;
-use object_store::{ObjectStoreExt, PutMode, PutOptions};
 use serde::{Deserialize, Serialize};
 
 use super::layout::VERSION_DIR;
@@ -36,22 +34,7 @@ pub struct Owner {
 
 impl Store {
     pub async fn get_owner(&self) -> Result<Option<Owner>, StoreError> {
-        match self.inner.get(&Path::from(key())).await {
-            Ok(got) => {
-                let bytes = got.bytes().await.map_err(|source| StoreError::Read {
-                    key: key(),
-                    url: self.url.to_string(),
-                    source,
-                })?;
-                Ok(serde_json::from_slice(&bytes).ok())
-            }
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(source) => Err(StoreError::Read {
-                key: key(),
-                url: self.url.to_string(),
-                source,
-            }),
-        }
+        self.get_json(&key()).await
     }
 
     /// Claims the prefix for `ours` unless a cluster already did; returns the owner on record.
@@ -59,36 +42,15 @@ impl Store {
         if let Some(owner) = self.get_owner().await? {
             return Ok(owner);
         }
-        let body = serde_json::to_vec_pretty(ours).expect("an owner serializes");
-        let opts = PutOptions {
-            mode: PutMode::Create,
-            ..Default::default()
-        };
-        match self.inner.put_opts(&Path::from(key()), body.into(), opts).await {
-            Ok(_) => Ok(ours.clone()),
-            // Another writer claimed it first: its word stands.
-            Err(object_store::Error::AlreadyExists { .. }) => {
-                Ok(self.get_owner().await?.unwrap_or_else(|| ours.clone()))
-            }
-            Err(source) => Err(StoreError::Write {
-                key: key(),
-                url: self.url.to_string(),
-                source,
-            }),
+        if self.put_json(&key(), ours, true).await? {
+            return Ok(ours.clone());
         }
+        // Another writer claimed it first: its word stands.
+        Ok(self.get_owner().await?.unwrap_or_else(|| ours.clone()))
     }
 
     /// Rewrites the record (the owning cluster's writer, when its member list changed).
     pub async fn put_owner(&self, owner: &Owner) -> Result<(), StoreError> {
-        let body = serde_json::to_vec_pretty(owner).expect("an owner serializes");
-        self.inner
-            .put(&Path::from(key()), body.into())
-            .await
-            .map(drop)
-            .map_err(|source| StoreError::Write {
-                key: key(),
-                url: self.url.to_string(),
-                source,
-            })
+        self.put_json(&key(), owner, false).await.map(drop)
     }
 }

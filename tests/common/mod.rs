@@ -598,3 +598,11 @@ pub fn assert_none_lost(acked: &[String], found: &[String], what: &str) {
         &missing[..missing.len().min(5)]
     );
 }
+
+/// Damages a stored object the way a bad disk or a torn upload would: one byte in its middle.
+pub fn flip_middle_byte(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x55;
+    std::fs::write(path, bytes).unwrap();
+}
