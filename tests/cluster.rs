@@ -373,3 +373,158 @@ fn a_second_cluster_on_a_claimed_prefix_writes_nothing() {
     drop(b);
     drop(a);
 }
+
+/// Steady-state cost of a cluster's backups, counted in moto's own request log: no listing, at
+/// most two requests per delta (the delta, the head), and each follower one read of the head per
+/// delta period.
+#[test]
+fn steady_state_is_two_requests_per_delta_and_no_listing() {
+    use common::stores::{create_bucket, moto_with_log, s3_env};
+    let etcd = etcd35();
+    let dir = tempfile::tempdir().unwrap();
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let log = dir.path().join("moto.log");
+    let moto = moto_with_log(&ips[0], 5000, Some(&log));
+    create_bucket(&moto.addr, "backups");
+    let env = s3_env(&moto.endpoint);
+    let store = "s3://backups/etcd/cost";
+    let period = Duration::from_millis(500);
+    let wardens: Vec<Option<Warden>> = (0..3)
+        .map(|i| {
+            let argv = member_args_token(&etcd, &ips, i, &dir.path().join(format!("m{i}")), "warden-cost");
+            Some(
+                Warden::builder(
+                    &ips[i],
+                    &["--store", store, "--delta-snapshot-period", "500ms"],
+                    &argv,
+                )
+                .envs(&env)
+                .spawn(),
+            )
+        })
+        .collect();
+    for w in wardens.iter().flatten() {
+        w.wait_ready(START);
+    }
+    let writer_i = the_writer(&wardens);
+    let writer_w = wardens[writer_i].as_ref().unwrap();
+    let ctl = etcdctl_for(&etcd);
+    etcdctl(&ctl, &ips[writer_i], &["put", "cost-first", "x"]).unwrap();
+    wait_for("the writer's first delta", START, || {
+        (writer_w.status()["backup"]["deltas_total"].as_u64() >= Some(1)).then_some(())
+    });
+    // Steady state: a write every 100 ms for 5 s, counted from here.
+    let requests = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter_map(|l| l.split('"').nth(1).map(str::to_owned))
+            .filter(|r| {
+                r.starts_with("GET ")
+                    || r.starts_with("PUT ")
+                    || r.starts_with("POST ")
+                    || r.starts_with("HEAD ")
+                    || r.starts_with("DELETE ")
+            })
+            .collect()
+    };
+    let before = requests(&std::fs::read_to_string(&log).unwrap()).len();
+    let deltas_before = writer_w.status()["backup"]["deltas_total"].as_u64().unwrap();
+    let t = std::time::Instant::now();
+    let mut n = 0;
+    while t.elapsed() < Duration::from_secs(5) {
+        etcdctl(&ctl, &ips[writer_i], &["put", &format!("cost{n}"), "x"]).unwrap();
+        n += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let window = t.elapsed();
+    let deltas = writer_w.status()["backup"]["deltas_total"].as_u64().unwrap() - deltas_before;
+    let all = requests(&std::fs::read_to_string(&log).unwrap());
+    let window_requests = &all[before..];
+    let lists = window_requests
+        .iter()
+        .filter(|r| r.contains("list-type") || r.contains("?prefix") || r.contains("&prefix"))
+        .count();
+    let head_reads = window_requests
+        .iter()
+        .filter(|r| r.starts_with("GET ") && r.contains("head.json"))
+        .count();
+    let writes = window_requests
+        .iter()
+        .filter(|r| r.starts_with("PUT ") || r.starts_with("POST "))
+        .count();
+    let periods = (window.as_secs_f64() / period.as_secs_f64()).ceil() as usize + 1;
+    eprintln!(
+        "steady state over {window:?}: {deltas} deltas, {} requests ({writes} writes, {head_reads} head reads, {lists} listings)",
+        window_requests.len()
+    );
+    assert!(deltas >= 5, "too few deltas in the window: {deltas}");
+    assert_eq!(lists, 0, "a listing in steady state: {window_requests:?}");
+    assert!(
+        writes as u64 <= 2 * deltas + 2,
+        "{writes} writes for {deltas} deltas: {window_requests:?}"
+    );
+    assert!(
+        head_reads <= 2 * periods,
+        "{head_reads} head reads by two followers in {periods} periods"
+    );
+    assert!(
+        head_reads >= 2,
+        "the followers did not read the head: {window_requests:?}"
+    );
+    let other = window_requests.len() - writes - head_reads;
+    assert!(other <= 2, "unexpected requests: {window_requests:?}");
+    drop(wardens);
+}
+
+/// Five members lose two, the leader among them, under writes: quorum holds, the next leader's
+/// warden writes, the chain stays one and nothing acknowledged is lost.
+#[test]
+fn five_members_losing_two_keep_backing_up() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..5).map(|_| unique_ip()).collect();
+    let mut wardens = start_members(&etcd, dir.path(), &store, &ips, "m", "warden-five");
+    let first = the_writer(&wardens);
+    wait_for("the first full snapshot", START, || {
+        (wardens[first].as_ref().unwrap().status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    let other = (first + 1) % 5;
+    let survivor = (first + 2) % 5;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = writer(ips[survivor].clone(), stop.clone());
+    std::thread::sleep(Duration::from_millis(1000));
+    for i in [first, other] {
+        let mut w = wardens[i].take().unwrap();
+        let pid = w.etcd_pid().unwrap();
+        w.signal(Signal::SIGKILL);
+        w.wait_exit(START);
+        wait_for("a lost member's etcd to be gone", START, || {
+            (!alive(pid)).then_some(())
+        });
+    }
+    let second = the_writer(&wardens);
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::SeqCst);
+    let acked = writes.join().unwrap();
+    let rev = etcd_revision(&ctl, &ips[survivor]);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        let b = &wardens[second].as_ref().unwrap().status()["backup"];
+        (b["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
+    });
+    let fulls = std::fs::read_dir(dir.path().join("store/v1/full"))
+        .unwrap()
+        .count();
+    assert_eq!(fulls, 1, "losing two members started a new chain");
+    let verify = Command::new(WARDEN)
+        .args(["backups", "verify", "--store", &store])
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+    let (found, _) = keys_after_restore(&etcd, &store, &[], "k");
+    assert_none_lost(&acked, &found, "restore after losing two of five");
+}

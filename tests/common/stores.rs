@@ -35,11 +35,20 @@ fn port_open(addr: &str) -> bool {
 
 /// moto's S3 server on `ip:port`.
 pub fn moto(ip: &str, port: u16) -> Emulator {
+    moto_with_log(ip, port, None)
+}
+
+/// moto's S3 server, its request log (one line per HTTP request) in `log` when given.
+pub fn moto_with_log(ip: &str, port: u16, log: Option<&std::path::Path>) -> Emulator {
     let addr = format!("{ip}:{port}");
+    let stderr = match log {
+        Some(p) => Stdio::from(std::fs::File::create(p).expect("create moto's log")),
+        None => Stdio::null(),
+    };
     let child = Command::new("python3")
         .args(["-m", "moto.server", "-H", ip, "-p", &port.to_string()])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("start moto (pip install 'moto[server]')");
     let mut e = Emulator {
