@@ -57,14 +57,24 @@ fn start_members(
     name: &str,
     token: &str,
 ) -> Vec<Option<Warden>> {
+    start_members_with(etcd, dir, store, ips, name, token, &[])
+}
+
+fn start_members_with(
+    etcd: &Path,
+    dir: &Path,
+    store: &str,
+    ips: &[String],
+    name: &str,
+    token: &str,
+    extra: &[&str],
+) -> Vec<Option<Warden>> {
     let wardens: Vec<Option<Warden>> = (0..ips.len())
         .map(|i| {
             let argv = member_args_token(etcd, ips, i, &dir.join(format!("{name}{i}")), token);
-            Some(Warden::start(
-                &ips[i],
-                &["--store", store, "--delta-snapshot-period", "200ms"],
-                &argv,
-            ))
+            let mut opts = vec!["--store", store, "--delta-snapshot-period", "200ms"];
+            opts.extend_from_slice(extra);
+            Some(Warden::start(&ips[i], &opts, &argv))
         })
         .collect();
     for w in wardens.iter().flatten() {
@@ -527,4 +537,96 @@ fn five_members_losing_two_keep_backing_up() {
     );
     let (found, _) = keys_after_restore(&etcd, &store, &[], "k");
     assert_none_lost(&acked, &found, "restore after losing two of five");
+}
+
+/// A cluster's scheduled defragmentation: the writer defragments each follower, one at a time,
+/// then its own member last; the followers' wardens defragment nothing themselves. Every member's
+/// db shrinks, by etcd's own count.
+#[test]
+fn the_writer_defragments_followers_one_at_a_time_and_itself_last() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let wardens = start_members_with(
+        &etcd,
+        dir.path(),
+        &store,
+        &ips,
+        "m",
+        "warden-defrag",
+        &["--defrag-schedule", "*/3 * * * * *"],
+    );
+    let writer_i = the_writer(&wardens);
+    let db_size = |ip: &str| -> i64 {
+        let out = etcdctl(&ctl, ip, &["endpoint", "status", "-w", "json"]).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v[0]["Status"]["dbSize"].as_i64().unwrap()
+    };
+    // Space to give back: 8 MiB written, then deleted and compacted.
+    let big = "x".repeat(100 * 1024);
+    for i in 0..80 {
+        etcdctl(&ctl, &ips[writer_i], &["put", &format!("big{i}"), &big]).unwrap();
+    }
+    etcdctl(&ctl, &ips[writer_i], &["del", "big", "--prefix"]).unwrap();
+    let rev = etcd_revision(&ctl, &ips[writer_i]);
+    etcdctl(&ctl, &ips[writer_i], &["compact", &rev.to_string(), "--physical"]).unwrap();
+    let before: Vec<i64> = ips.iter().map(|ip| db_size(ip)).collect();
+    let w = wardens[writer_i].as_ref().unwrap();
+    let done = w.status()["backup"]["defrags_total"].as_u64().unwrap_or(0);
+    wait_for("a whole defragmentation of the cluster", START, || {
+        (w.status()["backup"]["defrags_total"].as_u64() > Some(done)).then_some(())
+    });
+    let log = w.log_text();
+    // The warden's own lines (etcd's JSON lines pass through the same log).
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| !l.starts_with('{') && l.contains("defragment"))
+        .collect();
+    // The last complete round: its own "defragmentation done", and the two followers before it.
+    let own_done = lines
+        .iter()
+        .rposition(|l| l.contains("defragmentation done"))
+        .expect("its own defrag");
+    let own = lines[..own_done]
+        .iter()
+        .rposition(|l| l.contains("defragmenting etcd"))
+        .expect("its own start");
+    let round: Vec<&&str> = lines[..own].iter().rev().take(4).collect();
+    let kinds: Vec<&str> = round
+        .iter()
+        .rev()
+        .map(|l| {
+            if l.contains("defragmenting a follower") {
+                "start"
+            } else {
+                "done"
+            }
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["start", "done", "start", "done"],
+        "followers one at a time, then the leader: {lines:#?}"
+    );
+    for (i, other) in wardens.iter().enumerate() {
+        if i != writer_i {
+            let text = other.as_ref().unwrap().log_text();
+            let own: Vec<&str> = text
+                .lines()
+                .filter(|l| !l.starts_with('{') && l.contains("defragment"))
+                .collect();
+            assert!(own.is_empty(), "follower m{i}'s warden defragmented: {own:#?}");
+        }
+    }
+    for (i, ip) in ips.iter().enumerate() {
+        let after = db_size(ip);
+        assert!(
+            after < before[i],
+            "m{i}'s db did not shrink: {} -> {after}",
+            before[i]
+        );
+    }
+    drop(wardens);
 }

@@ -674,6 +674,11 @@ impl Backup {
     /// Defragments etcd's backend. While it runs etcd answers nothing, so the health loop is told
     /// to hold its verdict (rule 1: a single member's readiness is not a defrag's business).
     async fn defrag(&mut self, client: &mut Client) {
+        // A cluster's writer defragments the followers first, one at a time and only while every
+        // member is healthy, and its own member (the leader) last.
+        if self.cfg.cluster && !self.defrag_followers(client).await {
+            return;
+        }
         let size = |c: &mut Client| {
             let mut c = c.clone();
             async move { c.status().await.map(|s| s.db_size()).unwrap_or(0) }
@@ -720,6 +725,66 @@ impl Backup {
                 });
             }
         }
+    }
+
+    /// The followers' part of a cluster's defragmentation; `false` when it did not happen (a member
+    /// unhealthy or unreachable, or a defrag failed), and the leader's own is then skipped too.
+    async fn defrag_followers(&mut self, client: &mut Client) -> bool {
+        let members = match client.member_list().await {
+            Ok(r) => r.members().to_vec(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list the members: no defragmentation this time");
+                return false;
+            }
+        };
+        let me = self.identity.member_id;
+        let mut followers = Vec::new();
+        for m in members.iter().filter(|m| m.id() != me) {
+            let mut cfg = self.cfg.client.clone();
+            cfg.endpoints = m.client_urls().to_vec();
+            let healthy = match cfg.connect().await {
+                Ok(mut c) => match c.status().await {
+                    Ok(s) if s.leader() != 0 && s.errors().is_empty() => Some(c),
+                    _ => None,
+                },
+                Err(_) => None,
+            };
+            match healthy {
+                Some(_) if cfg.endpoints.is_empty() => {}
+                Some(_) => followers.push((m.name().to_owned(), cfg)),
+                None => {
+                    tracing::warn!(
+                        member = m.name(),
+                        "a member is not healthy: no defragmentation of the cluster this time"
+                    );
+                    return false;
+                }
+            }
+        }
+        for (name, mut cfg) in followers {
+            cfg.timeout = Duration::from_secs(1800);
+            let started = std::time::Instant::now();
+            tracing::info!(member = %name, "defragmenting a follower");
+            let result = match cfg.connect().await {
+                Ok(mut c) => c.defragment().await.map(drop).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match result {
+                Ok(()) => {
+                    tracing::info!(member = %name, seconds = started.elapsed().as_secs_f64(), "follower defragmented")
+                }
+                Err(err) => {
+                    tracing::error!(member = %name, error = %err, "defragmenting a follower failed: the rest of the cluster waits for the next schedule");
+                    self.status.send_modify(|s| {
+                        *s.failures_total.entry("defrag:etcd".into()).or_default() += 1;
+                        s.last_error = Some(format!("defrag of {name}: {err}"));
+                        s.last_error_at = Some(SystemTime::now());
+                    });
+                    return false;
+                }
+            }
+        }
+        true
     }
 
     /// One full snapshot, with status, metrics and retention. `Ok(the chain it starts)` on success.
