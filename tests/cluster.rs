@@ -630,3 +630,64 @@ fn the_writer_defragments_followers_one_at_a_time_and_itself_last() {
     }
     drop(wardens);
 }
+
+/// The leader cut off for 10 s (its etcd stopped with SIGSTOP, its warden running): the majority
+/// elects a leader whose warden takes over; the old writer can add nothing the majority does not
+/// have; once the old leader is back it follows with no action, and the store restores exactly
+/// what the majority holds.
+#[test]
+fn a_partitioned_leader_hands_over_and_rejoins_as_a_follower() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let wardens = start_members(&etcd, dir.path(), &store, &ips, "m", "warden-partition");
+    let first = the_writer(&wardens);
+    wait_for("the first full snapshot", START, || {
+        (wardens[first].as_ref().unwrap().status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    let survivor = (first + 1) % 3;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = writer(ips[survivor].clone(), stop.clone());
+    std::thread::sleep(Duration::from_millis(800));
+    let frozen = nix::unistd::Pid::from_raw(wardens[first].as_ref().unwrap().etcd_pid().unwrap());
+    nix::sys::signal::kill(frozen, Signal::SIGSTOP).unwrap();
+    let second = wait_for("a writer among the majority", START, || {
+        wardens
+            .iter()
+            .enumerate()
+            .find(|(i, w)| *i != first && w.as_ref().is_some_and(|w| role(w) == "writer"))
+            .map(|(i, _)| i)
+    });
+    std::thread::sleep(Duration::from_secs(8));
+    nix::sys::signal::kill(frozen, Signal::SIGCONT).unwrap();
+    wait_for("the old leader's warden to follow", START, || {
+        (role(wardens[first].as_ref().unwrap()) == "follower").then_some(())
+    });
+    stop.store(true, Ordering::SeqCst);
+    let acked = writes.join().unwrap();
+    let rev = etcd_revision(&ctl, &ips[survivor]);
+    let now = the_writer(&wardens);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        let b = &wardens[now].as_ref().unwrap().status()["backup"];
+        (b["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
+    });
+    let verify = Command::new(WARDEN)
+        .args(["backups", "verify", "--store", &store])
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+    let (found, _) = keys_after_restore(&etcd, &store, &[], "k");
+    assert_none_lost(&acked, &found, "restore after the partition");
+    let live = live_keys(&etcd, &ips[second], "k");
+    assert_eq!(found, live, "the store holds other keys than the majority");
+    let fulls = std::fs::read_dir(dir.path().join("store/v1/full"))
+        .unwrap()
+        .count();
+    assert_eq!(fulls, 1, "the partition started a new chain");
+}
