@@ -419,6 +419,10 @@ fn steady_state_is_two_requests_per_delta_and_no_listing() {
     let writer_i = the_writer(&wardens);
     let writer_w = wardens[writer_i].as_ref().unwrap();
     let ctl = etcdctl_for(&etcd);
+    // After the chain's full, so the first write is a delta's.
+    wait_for("the writer's first full snapshot", START, || {
+        (writer_w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
     etcdctl(&ctl, &ips[writer_i], &["put", "cost-first", "x"]).unwrap();
     wait_for("the writer's first delta", START, || {
         (writer_w.status()["backup"]["deltas_total"].as_u64() >= Some(1)).then_some(())
