@@ -83,6 +83,42 @@ fn start_members_with(
     wardens
 }
 
+/// After a cluster's turbulence: the writer `w` backs up etcd's revision as seen through `ip`, the
+/// store holds one full snapshot and a chain that verifies, and a restore holds every acknowledged
+/// write. Returns the restored keys.
+fn one_chain_nothing_lost(
+    etcd: &Path,
+    dir: &Path,
+    store: &str,
+    w: &Warden,
+    ip: &str,
+    acked: &[String],
+    what: &str,
+) -> (i64, Vec<String>) {
+    let rev = etcd_revision(&etcdctl_for(etcd), ip);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
+    });
+    let fulls = std::fs::read_dir(dir.join("store/v1/full")).unwrap().count();
+    assert_eq!(
+        fulls, 1,
+        "{what}: a new chain was started (or a follower wrote a full)"
+    );
+    let verify = Command::new(WARDEN)
+        .args(["backups", "verify", "--store", store])
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{what}: the chain does not verify: {}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    let (found, _) = keys_after_restore(etcd, store, &[], "k");
+    assert_none_lost(acked, &found, what);
+    (rev, found)
+}
+
 fn role(w: &Warden) -> String {
     w.status()["backup"]["role"].as_str().unwrap_or("").to_owned()
 }
@@ -200,31 +236,16 @@ fn one_writer_and_handover(etcd: &Path) {
     stop.store(true, Ordering::SeqCst);
     let acked = writes.join().unwrap();
     assert!(acked.len() > 50, "too few writes acknowledged: {}", acked.len());
-    let rev = etcd_revision(&ctl, &ips[survivor]);
-    wait_for(&format!("revision {rev} in the store"), START, || {
-        let b = &wardens[second].as_ref().unwrap().status()["backup"];
-        (b["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
-    });
     // The followers wrote nothing: one chain, contiguous across the handover.
-    let fulls = std::fs::read_dir(dir.path().join("store/v1/full"))
-        .unwrap()
-        .count();
-    assert_eq!(
-        fulls, 1,
-        "the handover took a new full snapshot (or a follower wrote one)"
+    let (rev, _) = one_chain_nothing_lost(
+        &etcd,
+        dir.path(),
+        &store,
+        wardens[second].as_ref().unwrap(),
+        &ips[survivor],
+        &acked,
+        "restore after the leader's death",
     );
-    let verify = Command::new(WARDEN)
-        .args(["backups", "verify", "--store", &store])
-        .output()
-        .unwrap();
-    assert!(
-        verify.status.success(),
-        "the chain does not verify across the handover: {}{}",
-        String::from_utf8_lossy(&verify.stdout),
-        String::from_utf8_lossy(&verify.stderr)
-    );
-    let (found, _) = keys_after_restore(&etcd, &store, &[], "k");
-    assert_none_lost(&acked, &found, "restore after the leader's death");
     // Every member reports the backup state and who writes, from the writer's head object.
     let head: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("store/v1/head.json")).unwrap()).unwrap();
@@ -302,26 +323,15 @@ fn ten_leader_moves_under_writes_keep_one_chain() {
     }
     stop.store(true, Ordering::SeqCst);
     let acked = writes.join().unwrap();
-    let rev = etcd_revision(&ctl, &ips[leader]);
-    wait_for(&format!("revision {rev} in the store"), START, || {
-        let b = &wardens[leader].as_ref().unwrap().status()["backup"];
-        (b["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
-    });
-    let fulls = std::fs::read_dir(dir.path().join("store/v1/full"))
-        .unwrap()
-        .count();
-    assert_eq!(fulls, 1, "a leader move started a new chain");
-    let verify = Command::new(WARDEN)
-        .args(["backups", "verify", "--store", &store])
-        .output()
-        .unwrap();
-    assert!(
-        verify.status.success(),
-        "{}",
-        String::from_utf8_lossy(&verify.stdout)
+    one_chain_nothing_lost(
+        &etcd,
+        dir.path(),
+        &store,
+        wardens[leader].as_ref().unwrap(),
+        &ips[leader],
+        &acked,
+        "restore after ten leader moves",
     );
-    let (found, _) = keys_after_restore(&etcd, &store, &[], "k");
-    assert_none_lost(&acked, &found, "restore after ten leader moves");
     drop(wardens);
 }
 
@@ -494,7 +504,6 @@ fn steady_state_is_two_requests_per_delta_and_no_listing() {
 #[test]
 fn five_members_losing_two_keep_backing_up() {
     let etcd = etcd35();
-    let ctl = etcdctl_for(&etcd);
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
     let ips: Vec<String> = (0..5).map(|_| unique_ip()).collect();
@@ -521,26 +530,15 @@ fn five_members_losing_two_keep_backing_up() {
     std::thread::sleep(Duration::from_millis(1500));
     stop.store(true, Ordering::SeqCst);
     let acked = writes.join().unwrap();
-    let rev = etcd_revision(&ctl, &ips[survivor]);
-    wait_for(&format!("revision {rev} in the store"), START, || {
-        let b = &wardens[second].as_ref().unwrap().status()["backup"];
-        (b["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
-    });
-    let fulls = std::fs::read_dir(dir.path().join("store/v1/full"))
-        .unwrap()
-        .count();
-    assert_eq!(fulls, 1, "losing two members started a new chain");
-    let verify = Command::new(WARDEN)
-        .args(["backups", "verify", "--store", &store])
-        .output()
-        .unwrap();
-    assert!(
-        verify.status.success(),
-        "{}",
-        String::from_utf8_lossy(&verify.stdout)
+    one_chain_nothing_lost(
+        &etcd,
+        dir.path(),
+        &store,
+        wardens[second].as_ref().unwrap(),
+        &ips[survivor],
+        &acked,
+        "restore after losing two of five",
     );
-    let (found, _) = keys_after_restore(&etcd, &store, &[], "k");
-    assert_none_lost(&acked, &found, "restore after losing two of five");
 }
 
 /// A cluster's scheduled defragmentation: the writer defragments each follower, one at a time,
@@ -642,7 +640,6 @@ fn the_writer_defragments_followers_one_at_a_time_and_itself_last() {
 #[test]
 fn a_partitioned_leader_hands_over_and_rejoins_as_a_follower() {
     let etcd = etcd35();
-    let ctl = etcdctl_for(&etcd);
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
     let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
@@ -671,27 +668,16 @@ fn a_partitioned_leader_hands_over_and_rejoins_as_a_follower() {
     });
     stop.store(true, Ordering::SeqCst);
     let acked = writes.join().unwrap();
-    let rev = etcd_revision(&ctl, &ips[survivor]);
     let now = the_writer(&wardens);
-    wait_for(&format!("revision {rev} in the store"), START, || {
-        let b = &wardens[now].as_ref().unwrap().status()["backup"];
-        (b["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
-    });
-    let verify = Command::new(WARDEN)
-        .args(["backups", "verify", "--store", &store])
-        .output()
-        .unwrap();
-    assert!(
-        verify.status.success(),
-        "{}",
-        String::from_utf8_lossy(&verify.stdout)
+    let (_, found) = one_chain_nothing_lost(
+        &etcd,
+        dir.path(),
+        &store,
+        wardens[now].as_ref().unwrap(),
+        &ips[survivor],
+        &acked,
+        "restore after the partition",
     );
-    let (found, _) = keys_after_restore(&etcd, &store, &[], "k");
-    assert_none_lost(&acked, &found, "restore after the partition");
     let live = live_keys(&etcd, &ips[second], "k");
     assert_eq!(found, live, "the store holds other keys than the majority");
-    let fulls = std::fs::read_dir(dir.path().join("store/v1/full"))
-        .unwrap()
-        .count();
-    assert_eq!(fulls, 1, "the partition started a new chain");
 }
