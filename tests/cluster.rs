@@ -681,3 +681,155 @@ fn a_partitioned_leader_hands_over_and_rejoins_as_a_follower() {
     let live = live_keys(&etcd, &ips[second], "k");
     assert_eq!(found, live, "the store holds other keys than the majority");
 }
+
+#[test]
+fn a_store_cut_with_the_leader_killed_in_it_is_filled_from_the_last_uploaded_revision() {
+    store_cut_and_leader_killed(Duration::from_secs(60), false);
+}
+
+#[test]
+fn compaction_during_a_store_cut_and_a_leader_death_is_one_counted_chain_break() {
+    store_cut_and_leader_killed(Duration::from_secs(15), true);
+}
+
+/// The store is cut for `cut` while writes go on; a third of the way in, the leader and its warden
+/// die (their buffered deltas with them). Once the store is back, the new writer continues from the
+/// last revision the store holds — or, when `compact` let etcd compact that revision away during
+/// the cut, takes a full and counts exactly one chain break. Either way every acknowledged write is
+/// in the store.
+fn store_cut_and_leader_killed(cut: Duration, compact: bool) {
+    use common::stores::{Proxy, create_bucket, moto, s3_env};
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let moto = moto(&ips[0], 5000);
+    create_bucket(&moto.addr, "backups");
+    let mut proxy = Proxy::start(&format!("{}:5001", ips[0]), &moto.addr);
+    let env = s3_env(&format!("http://{}", proxy.addr));
+    let store = "s3://backups/etcd/cut";
+    let wardens: Vec<Option<Warden>> = (0..3)
+        .map(|i| {
+            let argv = member_args_token(&etcd, &ips, i, &dir.path().join(format!("m{i}")), "warden-cut");
+            let opts = ["--store", store, "--delta-snapshot-period", "500ms"];
+            Some(Warden::builder(&ips[i], &opts, &argv).envs(&env).spawn())
+        })
+        .collect();
+    let mut wardens = wardens;
+    for w in wardens.iter().flatten() {
+        w.wait_ready(START);
+    }
+    let first = the_writer(&wardens);
+    wait_for("the writer's first full snapshot", START, || {
+        (wardens[first].as_ref().unwrap().status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    let survivor = (first + 1) % 3;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = writer(ips[survivor].clone(), stop.clone());
+    let before_cut = wait_for("a delta before the cut", START, || {
+        let b = &wardens[first].as_ref().unwrap().status()["backup"];
+        (b["deltas_total"].as_u64() >= Some(2)).then(|| b["backed_up_revision"].as_i64().unwrap())
+    });
+
+    proxy.cut();
+    let cut_at = std::time::Instant::now();
+    wait_for("the writer to see the store down", START, || {
+        (wardens[first].as_ref().unwrap().status()["backup"]["healthy"] == false).then_some(())
+    });
+    std::thread::sleep(cut / 3);
+    let mut dead = wardens[first].take().unwrap();
+    let dead_etcd = dead.etcd_pid().unwrap();
+    dead.signal(Signal::SIGKILL);
+    dead.wait_exit(START);
+    wait_for("the dead leader's etcd to be gone", START, || {
+        (!alive(dead_etcd)).then_some(())
+    });
+    let second = the_writer(&wardens);
+    if compact {
+        std::thread::sleep(Duration::from_secs(1));
+        let rev = etcd_revision(&ctl, &ips[survivor]);
+        etcdctl(&ctl, &ips[survivor], &["compact", &rev.to_string()]).unwrap();
+    }
+    std::thread::sleep(cut.saturating_sub(cut_at.elapsed()));
+    proxy.restore();
+    eprintln!(
+        "store back after {:.1}s; the store held revision {before_cut} before the cut",
+        cut_at.elapsed().as_secs_f64()
+    );
+    let healed_at = std::time::Instant::now();
+    let w = wardens[second].as_ref().unwrap();
+    wait_for("the new writer to upload after the cut", START, || {
+        let b = &w.status()["backup"];
+        (b["healthy"] == true && b["backed_up_revision"].as_i64() > Some(before_cut)).then_some(())
+    });
+    eprintln!(
+        "the new writer uploaded {:.2}s after the store came back",
+        healed_at.elapsed().as_secs_f64()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::SeqCst);
+    let acked = writes.join().unwrap();
+    let rev = etcd_revision(&ctl, &ips[survivor]);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
+    });
+    let st = w.status();
+    let breaks = st["backup"]["chain_breaks_total"].as_u64().unwrap();
+    let list = Command::new(WARDEN)
+        .args(["backups", "list", "--json", "--store", store])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    let rows: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    let fulls: Vec<i64> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["kind"] == "full")
+        .map(|r| r["first"].as_i64().unwrap())
+        .collect();
+    if compact {
+        assert_eq!(
+            breaks, 1,
+            "one chain break when compaction overtook the chain: {st}"
+        );
+        let b = &st["backup"]["last_chain_break"];
+        assert_eq!(
+            b["after"].as_i64(),
+            Some(before_cut),
+            "the break starts after the store's last revision: {st}"
+        );
+        assert!(b["compacted"].as_i64() > Some(before_cut), "{st}");
+        assert_eq!(
+            fulls.len(),
+            2,
+            "the break's full (and only it) came after the first: {fulls:?}"
+        );
+    } else {
+        assert_eq!(breaks, 0, "no chain break without compaction: {st}");
+        assert_eq!(fulls.len(), 1, "a new chain was started: {fulls:?}");
+    }
+    let verify = Command::new(WARDEN)
+        .args(["backups", "verify", "--deep", "--store", store, "--etcd"])
+        .arg(&etcd)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "the chain does not verify: {}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    let (found, _) = keys_after_restore(&etcd, store, &env, "k");
+    assert_none_lost(&acked, &found, "restore after the cut");
+    assert_eq!(
+        found,
+        live_keys(&etcd, &ips[survivor], "k"),
+        "the store holds other keys than the cluster"
+    );
+    for w in wardens.iter_mut().flatten() {
+        w.signal(Signal::SIGTERM);
+        w.wait_exit(START);
+    }
+}

@@ -195,6 +195,8 @@ pub struct Backup {
     identity: Identity,
     /// What the writer last put in the head object (clusters).
     head: Option<Head>,
+    /// The longest back-off after the last failure (see `STORE_RETRY_MAX`).
+    retry_cap: Duration,
 }
 
 fn mtime(path: &std::path::Path) -> Option<SystemTime> {
@@ -203,6 +205,9 @@ fn mtime(path: &std::path::Path) -> Option<SystemTime> {
 
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
+/// The cap after a failed store request that moves no snapshot (claim, listing): cheap to repeat,
+/// and a writer that just took over must not idle half a minute after the store comes back.
+const STORE_RETRY_MAX: Duration = Duration::from_secs(5);
 
 impl Backup {
     pub fn new(
@@ -231,6 +236,7 @@ impl Backup {
                 identity: Identity::default(),
                 head: None,
                 outside_at_full: None,
+                retry_cap: RETRY_MAX,
             },
             BackupHandle { full, delta, control },
         )
@@ -239,6 +245,11 @@ impl Backup {
     fn failed(&mut self, kind: &str, reason: &str, err: &dyn std::error::Error) {
         let msg = crate::telemetry::error_chain(err);
         tracing::error!(kind, reason, error = %msg, "backup failed");
+        self.retry_cap = if kind == "store" {
+            STORE_RETRY_MAX
+        } else {
+            RETRY_MAX
+        };
         self.status.send_modify(|s| {
             s.healthy = Some(false);
             s.last_error = Some(format!("{kind}: {msg}"));
@@ -262,8 +273,9 @@ impl Backup {
 
     /// Capped exponential backoff with jitter between failed attempts.
     async fn back_off(&mut self) -> Option<Outcome> {
-        let d = self.retry_delay / 2 + self.retry_delay.mul_f64(fastrand::f64() / 2.0);
-        self.retry_delay = (self.retry_delay * 2).min(RETRY_MAX);
+        let delay = self.retry_delay.min(self.retry_cap);
+        let d = delay / 2 + delay.mul_f64(fastrand::f64() / 2.0);
+        self.retry_delay = (self.retry_delay * 2).min(self.retry_cap);
         tokio::select! {
             Some(c) = self.control_rx.recv() => match c {
                 Control::Stop(reply) => Some(Outcome::Stop(reply)),
