@@ -833,3 +833,259 @@ fn store_cut_and_leader_killed(cut: Duration, compact: bool) {
         w.wait_exit(START);
     }
 }
+
+/// etcd's HashKV of the member at `ip` at revision `rev`.
+fn hashkv(ctl: &Path, ip: &str, rev: i64) -> u64 {
+    let out = etcdctl(
+        ctl,
+        ip,
+        &["endpoint", "hashkv", &format!("--rev={rev}"), "-w", "json"],
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v[0]["HashKV"]["hash"].as_u64().unwrap()
+}
+
+/// Runs this test again inside a network namespace of its own (`unshare --net`, loopback up), so
+/// its iptables rules touch nothing else; `true` in the copy that should do the work.
+fn in_own_netns(test: &str) -> bool {
+    if std::env::var_os("ETCD_WARDEN_TEST_NETNS").is_some() {
+        let up = Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .unwrap();
+        assert!(
+            up.success(),
+            "ip link set lo up failed in the test's network namespace"
+        );
+        return true;
+    }
+    let out = Command::new("unshare")
+        .arg("--net")
+        .arg(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture"])
+        .env("ETCD_WARDEN_TEST_NETNS", "1")
+        .output()
+        .expect("unshare --net (util-linux) runs the test in its own network namespace");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "the test failed in its network namespace"
+    );
+    false
+}
+
+/// A cgroup (v2) per member, so iptables can tell one member's packets from another's on the one
+/// loopback (`-m cgroup`); removed when dropped.
+struct MemberCgroups(Vec<std::path::PathBuf>);
+
+impl MemberCgroups {
+    fn new(n: usize) -> Self {
+        let root = Path::new("/sys/fs/cgroup/unified");
+        let root = if root.join("cgroup.procs").exists() {
+            root
+        } else {
+            Path::new("/sys/fs/cgroup")
+        };
+        assert!(
+            root.join("cgroup.procs").exists(),
+            "no cgroup v2 hierarchy at /sys/fs/cgroup/unified or /sys/fs/cgroup: the partition test needs one"
+        );
+        Self(
+            (0..n)
+                .map(|i| {
+                    let p = root.join(format!("etcd-warden-test-{}-m{i}", std::process::id()));
+                    std::fs::create_dir_all(&p).unwrap();
+                    p
+                })
+                .collect(),
+        )
+    }
+
+    /// The path iptables' cgroup match takes (relative to the v2 root).
+    fn name(&self, i: usize) -> String {
+        self.0[i].file_name().unwrap().to_string_lossy().into_owned()
+    }
+
+    /// A wrapper that puts the warden (and so its etcd) into member `i`'s cgroup before exec.
+    fn wrapper(&self, i: usize) -> Vec<String> {
+        vec![
+            "sh".into(),
+            "-c".into(),
+            format!("echo $$ > {}/cgroup.procs && exec \"$@\"", self.0[i].display()),
+            "sh".into(),
+        ]
+    }
+}
+
+impl Drop for MemberCgroups {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_dir(p);
+        }
+    }
+}
+
+fn iptables(args: &[&str]) {
+    let st = Command::new("iptables").args(args).status().expect("iptables");
+    assert!(st.success(), "iptables {args:?} failed");
+}
+
+#[test]
+fn a_leader_cut_off_by_iptables_for_30s_writes_nothing_the_majority_lacks_and_rejoins() {
+    if !in_own_netns("a_leader_cut_off_by_iptables_for_30s_writes_nothing_the_majority_lacks_and_rejoins") {
+        return;
+    }
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let groups = MemberCgroups::new(3);
+    let mut wardens: Vec<Option<Warden>> = (0..3)
+        .map(|i| {
+            let argv = member_args_token(
+                &etcd,
+                &ips,
+                i,
+                &dir.path().join(format!("m{i}")),
+                "warden-iptables",
+            );
+            let wrapper = groups.wrapper(i);
+            let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+            let opts = ["--store", store.as_str(), "--delta-snapshot-period", "200ms"];
+            Some(Warden::builder_with(&wrapper, &ips[i], &opts, &argv).spawn())
+        })
+        .collect();
+    for w in wardens.iter().flatten() {
+        w.wait_ready(START);
+    }
+    let first = the_writer(&wardens);
+    wait_for("the first full snapshot", START, || {
+        (wardens[first].as_ref().unwrap().status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    let survivor = (first + 1) % 3;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = writer(ips[survivor].clone(), stop.clone());
+    std::thread::sleep(Duration::from_millis(800));
+
+    // The leader's host loses the network: its etcd neither dials nor answers a peer, its warden
+    // reaches no other member. Its own etcd's client port and the (local) store stay reachable.
+    let g = groups.name(first);
+    let rules: [Vec<&str>; 3] = [
+        vec![
+            "-m", "cgroup", "--path", &g, "-p", "tcp", "--dport", "2380", "-j", "DROP",
+        ],
+        vec![
+            "-m", "cgroup", "--path", &g, "-p", "tcp", "--sport", "2380", "-j", "DROP",
+        ],
+        vec![
+            "-m",
+            "cgroup",
+            "--path",
+            &g,
+            "-p",
+            "tcp",
+            "!",
+            "-d",
+            &ips[first],
+            "--dport",
+            "2379",
+            "-j",
+            "DROP",
+        ],
+    ];
+    for r in &rules {
+        let mut a = vec!["-A", "OUTPUT"];
+        a.extend_from_slice(r);
+        iptables(&a);
+    }
+    let cut_at = std::time::Instant::now();
+    let second = wait_for("a writer among the majority", START, || {
+        wardens
+            .iter()
+            .enumerate()
+            .find(|(i, w)| *i != first && w.as_ref().is_some_and(|w| role(w) == "writer"))
+            .map(|(i, _)| i)
+    });
+    eprintln!(
+        "a new writer {:.2}s into the partition",
+        cut_at.elapsed().as_secs_f64()
+    );
+    wait_for("the cut-off leader's warden to stop writing", START, || {
+        (role(wardens[first].as_ref().unwrap()) != "writer").then_some(())
+    });
+    let cut_off_rev = |w: &Warden| w.status()["backup"]["backed_up_revision"].as_i64();
+    let isolated_rev = cut_off_rev(wardens[first].as_ref().unwrap());
+    std::thread::sleep(Duration::from_secs(30).saturating_sub(cut_at.elapsed()));
+    // Still cut off: the old leader's warden wrote nothing after it stopped leading.
+    assert_ne!(role(wardens[first].as_ref().unwrap()), "writer");
+    iptables(&["-F", "OUTPUT"]);
+    let healed_at = std::time::Instant::now();
+    stop.store(true, Ordering::SeqCst);
+    let acked = writes.join().unwrap();
+    wait_for("the old leader's warden to follow", START, || {
+        (role(wardens[first].as_ref().unwrap()) == "follower").then_some(())
+    });
+    let status_rev = |ip: &str| -> Option<i64> {
+        let out = etcdctl(&ctl, ip, &["endpoint", "status", "-w", "json"]).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+        v[0]["Status"]["header"]["revision"].as_i64()
+    };
+    // etcd itself reconnects its peers (TCP retransmission backoff after 30 s of drops): up to ~45 s here.
+    wait_for(
+        "the old leader's etcd to catch up",
+        Duration::from_secs(120),
+        || (status_rev(&ips[first])? >= status_rev(&ips[second])?).then_some(()),
+    );
+    eprintln!(
+        "the old leader caught up {:.2}s after the heal",
+        healed_at.elapsed().as_secs_f64()
+    );
+    let now = the_writer(&wardens);
+    assert_ne!(now, first, "the old leader's warden writes again");
+    let (rev, found) = one_chain_nothing_lost(
+        &etcd,
+        dir.path(),
+        &store,
+        wardens[now].as_ref().unwrap(),
+        &ips[survivor],
+        &acked,
+        "restore after the partition",
+    );
+    assert_eq!(
+        found,
+        live_keys(&etcd, &ips[second], "k"),
+        "the store holds other keys than the majority"
+    );
+    // Every object's revisions are the majority's history: a restore hashes like the live cluster.
+    let restored = dir.path().join("restored");
+    let out = Command::new(WARDEN)
+        .args(["restore", "--store", &store, "--data-dir"])
+        .arg(&restored)
+        .args(["--name", "m1", "--etcd"])
+        .arg(&etcd)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ip = unique_ip();
+    let plain = PlainEtcd::start(&etcd, &ip, &restored, "m1");
+    let restored_rev = etcd_revision(&ctl, &ip);
+    assert!(restored_rev >= rev, "restored {restored_rev}, backed up {rev}");
+    assert_eq!(
+        hashkv(&ctl, &ip, restored_rev),
+        hashkv(&ctl, &ips[second], restored_rev),
+        "the restored history differs from the majority's at revision {restored_rev}"
+    );
+    plain.stop();
+    eprintln!(
+        "partition: the cut-off warden's last backed-up revision {isolated_rev:?}, the store at {rev}, {} writes acknowledged",
+        acked.len()
+    );
+    for w in wardens.iter_mut().flatten() {
+        w.signal(Signal::SIGTERM);
+        w.wait_exit(START);
+    }
+}
