@@ -269,6 +269,15 @@ pub struct RunOptions {
     /// etcdutl's --bump-revision --mark-compacted); 0 turns it off [default: 1000000000]
     #[arg(long, env = "ETCD_WARDEN_RESTORE_BUMP_REVISION", value_name = "N")]
     pub restore_bump_revision: Option<u64>,
+    /// Clusters: the other members' client URLs, comma-separated, for the start-up decision and a
+    /// repair [default: learned from the peers' member lists over their peer URLs]
+    #[arg(
+        long,
+        env = "ETCD_WARDEN_CLUSTER_ENDPOINTS",
+        value_name = "URLS",
+        value_delimiter = ','
+    )]
+    pub cluster_endpoints: Option<Vec<String>>,
     /// Which snapshots to keep: exponential (all of the last hour, then hourly for a day, daily for a
     /// week, weekly for four weeks) or last:N [default: exponential]
     #[arg(long, env = "ETCD_WARDEN_RETENTION", value_name = "POLICY")]
@@ -361,6 +370,8 @@ pub struct RunConfig {
     pub verify_schedule: Option<croner::Cron>,
     /// The revision bump of an automatic restore at start (0: none).
     pub restore_bump_revision: u64,
+    /// `--cluster-endpoints`: other members' client URLs (clusters).
+    pub cluster_endpoints: Vec<String>,
     /// `None`: no ownership check; this host always owns the data.
     pub ownership: Option<OwnershipConfig>,
     pub admin_socket: Option<PathBuf>,
@@ -423,6 +434,7 @@ impl RunOptions {
             retention: self.retention.or(file.retention),
             verify_schedule: self.verify_schedule.or(file.verify_schedule),
             restore_bump_revision: self.restore_bump_revision.or(file.restore_bump_revision),
+            cluster_endpoints: self.cluster_endpoints.or(file.cluster_endpoints),
             full_snapshot_after_revisions: self
                 .full_snapshot_after_revisions
                 .or(file.full_snapshot_after_revisions),
@@ -714,6 +726,7 @@ impl RunConfig {
             backup,
             verify_schedule,
             restore_bump_revision: o.restore_bump_revision.unwrap_or(DEFAULT_RESTORE_BUMP),
+            cluster_endpoints: o.cluster_endpoints.clone().unwrap_or_default(),
             ownership,
             admin_socket: o.admin_socket,
             admin_token_file: o.admin_token_file,

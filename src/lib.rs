@@ -3,6 +3,7 @@
 //! DESIGN.md (beside the project) for the contract.
 
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod ctl;
 pub mod etcd;

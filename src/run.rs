@@ -37,7 +37,7 @@ use crate::restore::startup::{Decision, RestoreStats};
 use crate::signals::SignalEvent;
 use crate::snapshot::backup::{Backup, BackupHandle, BackupStatus, Control};
 use crate::state::Shared;
-use crate::supervisor::{ChildState, Request, Supervisor};
+use crate::supervisor::{ChildState, Phase, Request, Supervisor};
 use crate::telemetry::Heartbeat;
 
 /// Supervises etcd until a stop signal ends it; returns etcd's final exit status.
@@ -63,6 +63,7 @@ pub async fn run(
     });
     let (fence_tx, fence_rx) = watch::channel(FenceStatus::default());
     let (restores_tx, restores_rx) = watch::channel(RestoreStats::default());
+    let (member_tx, member_rx) = watch::channel(None);
     let etcd_version = crate::etcd::version::of_binary(&reaper, &config.launch.program).await;
     if let Some(v) = etcd_version {
         crate::etcd::version::warn_known_issues(v, "etcd --version");
@@ -77,6 +78,7 @@ pub async fn run(
         ownership: ownership_rx.clone(),
         fence: fence_rx,
         restores: restores_rx,
+        member: member_rx,
         reaper: reaper.clone(),
         role,
         etcd_binary_version: etcd_version,
@@ -186,6 +188,8 @@ pub async fn run(
         restoring: restoring_tx,
         fence: fence_tx,
         restores: restores_tx,
+        member: member_tx,
+        promote: None,
         ownership: ownership_rx,
         recheck,
         hurry: false,
@@ -212,6 +216,9 @@ struct Terms {
     restoring: watch::Sender<Option<String>>,
     fence: watch::Sender<FenceStatus>,
     restores: watch::Sender<RestoreStats>,
+    member: watch::Sender<Option<String>>,
+    /// A repaired member's learner promotion, while it runs.
+    promote: Option<JoinHandle<()>>,
     ownership: watch::Receiver<OwnershipStatus>,
     recheck: Arc<Notify>,
     /// A second stop signal came: exit without the tail upload.
@@ -225,6 +232,9 @@ enum Served {
     Exit(ExitStatus),
     /// The kill is requested; the receiver answers once etcd is reaped.
     OwnershipLost(tokio::sync::oneshot::Receiver<()>),
+    /// A cluster member's data was lost under a running warden: etcd is held down (the receiver
+    /// answers once it is) and the start-up decision runs again.
+    Repair(tokio::sync::oneshot::Receiver<()>),
 }
 
 impl Terms {
@@ -258,6 +268,10 @@ impl Terms {
                     return status;
                 }
                 Served::OwnershipLost(killed) => killed,
+                Served::Repair(held) => {
+                    let _ = held.await;
+                    continue;
+                }
             };
             if let Some(status) = self.fence(killed).await {
                 return status;
@@ -403,51 +417,119 @@ impl Terms {
     async fn prepare(&mut self) -> Result<(), ExitStatus> {
         self.restoring
             .send_replace(Some("checking the data dir".to_owned()));
-        let prepare = crate::restore::startup::prepare(&self.config, &self.reaper, &self.restoring);
-        tokio::pin!(prepare);
-        let mut beat = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tokio::select! {
-                _ = beat.tick() => self.shared.supervisor_heartbeat.beat(),
-                decision = &mut prepare => match decision {
-                    Ok(d) => {
-                        tracing::info!(decision = ?d, "data dir ready");
-                        if let Decision::Restored { revision, backed_up_revision, target_revision, skipped, seconds, .. } = d {
-                            self.restores.send_modify(|r| {
-                                r.total += 1;
-                                r.last_revision = Some(revision);
-                                r.last_backed_up_revision = Some(backed_up_revision);
-                                r.last_target_revision = Some(target_revision);
-                                r.older_than_target_total += u64::from(backed_up_revision < target_revision);
-                                r.last_skipped = skipped;
-                                r.last_seconds = Some(seconds);
-                                r.last_at = Some(SystemTime::now());
-                            });
+        let mut joined = None;
+        {
+            let prepare =
+                crate::restore::startup::prepare(&self.config, &self.reaper, &self.restoring, &self.member);
+            tokio::pin!(prepare);
+            let mut beat = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = beat.tick() => self.shared.supervisor_heartbeat.beat(),
+                    decision = &mut prepare => match decision {
+                        Ok(d) => {
+                            tracing::info!(decision = ?d, "data dir ready");
+                            if let Decision::Join { initial_cluster, learner, .. } = &d {
+                                joined = Some((initial_cluster.clone(), *learner));
+                            }
+                            if let Decision::Restored { revision, backed_up_revision, target_revision, skipped, seconds, .. } = d {
+                                self.restores.send_modify(|r| {
+                                    r.total += 1;
+                                    r.last_revision = Some(revision);
+                                    r.last_backed_up_revision = Some(backed_up_revision);
+                                    r.last_target_revision = Some(target_revision);
+                                    r.older_than_target_total += u64::from(backed_up_revision < target_revision);
+                                    r.last_skipped = skipped;
+                                    r.last_seconds = Some(seconds);
+                                    r.last_at = Some(SystemTime::now());
+                                });
+                            }
+                            break;
                         }
-                        break;
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "start-up restore failed; etcd is not started");
-                        return Err(ExitStatus::Code(1));
-                    }
-                },
-                Some(ev) = self.signals.recv() => {
-                    if let Some(sig) = self.on_signal(ev) {
-                        tracing::warn!(signal = %sig, "stop requested during the start-up check; etcd was not started");
-                        return Err(ExitStatus::Code(128 + sig as i32));
+                        Err(e) => {
+                            tracing::error!(error = %e, "start-up restore failed; etcd is not started");
+                            return Err(ExitStatus::Code(1));
+                        }
+                    },
+                    Some(ev) = self.signals.recv() => {
+                        if let Some(sig) = self.on_signal(ev) {
+                            tracing::warn!(signal = %sig, "stop requested during the start-up check; etcd was not started");
+                            return Err(ExitStatus::Code(128 + sig as i32));
+                        }
                     }
                 }
             }
+        }
+        if let Some((cluster, learner)) = joined {
+            self.join(cluster.as_deref(), learner).await;
         }
         self.restoring.send_replace(None);
         Ok(())
     }
 
+    /// A cluster member joins its peers: etcd starts `existing` (with the current members when
+    /// given) and, as a learner, is promoted once it caught up.
+    async fn join(&mut self, initial_cluster: Option<&str>, learner: Option<u64>) {
+        if let Some(cluster) = initial_cluster {
+            let mut launch = self.config.launch.clone();
+            launch.args = crate::etcd::args::with_flag(&launch.args, "initial-cluster-state", "existing");
+            launch.args = crate::etcd::args::with_flag(&launch.args, "initial-cluster", cluster);
+            let _ = self.requests.send(Request::SetLaunch(launch)).await;
+        }
+        if let Some(id) = learner {
+            if let Some(old) = self.promote.take() {
+                old.abort();
+            }
+            let me = &self.config.etcd;
+            let name = me.name.clone();
+            let peers = me
+                .initial_cluster
+                .as_deref()
+                .unwrap_or_default()
+                .split(',')
+                .filter_map(|e| e.split_once('='))
+                .filter(|(n, _)| n.trim() != name)
+                .map(|(_, u)| u.trim().to_owned())
+                .collect();
+            let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
+            let learner = crate::cluster::promote::Learner {
+                id,
+                client: self.config.client.clone(),
+                peers,
+                endpoints: self.config.cluster_endpoints.clone(),
+                ours: me.advertise_client_urls.iter().map(|u| u.to_string()).collect(),
+                data: cwd.join(&me.data_dir),
+            };
+            self.promote = Some(tokio::spawn(crate::cluster::promote::run(
+                learner,
+                self.member.clone(),
+            )));
+        }
+    }
+
     /// etcd runs until a stop signal ends it or ownership is lost.
     async fn serve(&mut self) -> Served {
+        let mut child = self.shared.child.clone();
+        let cluster = self.config.backup.cluster;
         loop {
             tokio::select! {
                 biased;
+                // A cluster member's etcd died and its data is gone or broken: no respawn on it
+                // (an empty member would bootstrap alone or crash on the peers' log); the start-up
+                // decision runs again and repairs it through the peers.
+                _ = child.changed(), if cluster => {
+                    if child.borrow_and_update().phase != Phase::Backoff || *self.stopping.borrow() {
+                        continue;
+                    }
+                    let data = std::env::current_dir().unwrap_or_else(|_| "/".into()).join(&self.config.etcd.data_dir);
+                    let local = crate::cluster::local::check(&data);
+                    if local != crate::cluster::local::LocalData::Sound {
+                        tracing::error!(data = %data.display(), state = ?local, "etcd died and this member's data is not sound: holding etcd down and deciding again with the peers");
+                        let (tx, killed) = tokio::sync::oneshot::channel();
+                        let _ = self.requests.send(Request::Fence(tx)).await;
+                        return Served::Repair(killed);
+                    }
+                }
                 _ = self.ownership.changed() => {
                     if !self.may_serve() {
                         let (tx, killed) = tokio::sync::oneshot::channel();

@@ -28,6 +28,9 @@ pub struct Shared {
     pub ownership: watch::Receiver<OwnershipStatus>,
     pub fence: watch::Receiver<FenceStatus>,
     pub restores: watch::Receiver<crate::restore::startup::RestoreStats>,
+    /// A cluster member's membership state when it holds etcd back: quorum lost, a repair under
+    /// way, a learner catching up. `None` otherwise (and always for a single member).
+    pub member: watch::Receiver<Option<String>>,
     pub reaper: Reaper,
     pub role: InitRole,
     /// What `etcd --version` said before the first start (the server's own answer wins once seen).
@@ -53,6 +56,9 @@ impl Shared {
         }
         if let Some(r) = self.ownership.borrow().not_ready_reason() {
             return Some(r);
+        }
+        if let Some(m) = self.member.borrow().clone() {
+            return Some(m);
         }
         self.restoring
             .borrow()
@@ -158,6 +164,9 @@ impl Shared {
             },
             "ownership": self.ownership_json(),
             "backup": self.backup_json(),
+            "member": {
+                "holding_back": self.member.borrow().clone(),
+            },
             "restore": {
                 "in_progress": self.restoring.borrow().is_some(),
                 "step": self.restoring.borrow().clone(),

@@ -496,6 +496,21 @@ fn steady_state_is_two_requests_per_delta_and_no_listing() {
     );
     let other = window_requests.len() - writes - head_reads;
     assert!(other <= 2, "unexpected requests: {window_requests:?}");
+    // What each member's warden costs in memory (figures for README, not a timed assertion).
+    let kib = |pid: i32, field: &str| -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    for (i, w) in wardens.iter().enumerate() {
+        let w = w.as_ref().unwrap();
+        eprintln!(
+            "m{i} warden ({}): RSS {} KiB, peak {} KiB",
+            if i == writer_i { "writer" } else { "follower" },
+            kib(w.pid(), "VmRSS:"),
+            kib(w.pid(), "VmHWM:")
+        );
+    }
     drop(wardens);
 }
 

@@ -230,6 +230,28 @@ fn collect_flags<S: AsRef<str>>(args: &[S]) -> Result<HashMap<String, String>, A
     Ok(flags)
 }
 
+/// etcd's command line with `--flag=value` in place of every form of `flag` it had (`--flag v`,
+/// `--flag=v`, `-flag v`, `-flag=v`), appended at the end.
+pub fn with_flag(args: &[std::ffi::OsString], flag: &str, value: &str) -> Vec<std::ffi::OsString> {
+    let long = format!("--{flag}");
+    let short = format!("-{flag}");
+    let mut out = Vec::with_capacity(args.len() + 1);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let s = a.to_string_lossy();
+        if s == long || s == short {
+            it.next();
+            continue;
+        }
+        if s.starts_with(&format!("{long}=")) || s.starts_with(&format!("{short}=")) {
+            continue;
+        }
+        out.push(a.clone());
+    }
+    out.push(format!("--{flag}={value}").into());
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,5 +347,35 @@ mod tests {
         assert!(err.to_string().contains("not a boolean"), "{err}");
         let err = EtcdArgs::parse(&["--config-file", "/etc/etcd.yml"], &env(&[])).unwrap_err();
         assert!(matches!(err, ArgsError::ConfigFile { .. }));
+    }
+
+    #[test]
+    fn with_flag_replaces_every_form() {
+        let args: Vec<std::ffi::OsString> = [
+            "--name",
+            "m1",
+            "--initial-cluster-state",
+            "new",
+            "-initial-cluster=a=x",
+            "--initial-cluster",
+            "b=y",
+            "--data-dir=/d",
+        ]
+        .iter()
+        .map(Into::into)
+        .collect();
+        let once = with_flag(&args, "initial-cluster-state", "existing");
+        let twice = with_flag(&once, "initial-cluster", "m1=http://1");
+        let twice: Vec<String> = twice.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!(
+            twice,
+            [
+                "--name",
+                "m1",
+                "--data-dir=/d",
+                "--initial-cluster-state=existing",
+                "--initial-cluster=m1=http://1"
+            ]
+        );
     }
 }

@@ -7,8 +7,8 @@
 //!   it is moved aside to `<data-dir>.behind-<time>` and restored. Newer local data is never replaced.
 //! - Nothing is ever deleted, and nothing is moved aside unless a verified replacement follows.
 //! - Multi-member clusters (more than one `--initial-cluster` entry) are never restored from backup:
-//!   a member that restores while the others keep quorum would fork the cluster. It starts as is
-//!   and the log says why. (Rejoining as a learner comes with cluster support.)
+//!   a member that restores while the others keep quorum would fork the cluster. The decision and
+//!   a rejoin through the peers are `crate::cluster::startup`'s.
 //! - No store, an empty store, or no backup: etcd starts as is (a new member when the dir is empty).
 //!   A store that cannot be listed while the data dir is missing is retried rather than starting an
 //!   empty etcd that would look like data loss; with data present, etcd starts and backups report.
@@ -41,6 +41,13 @@ pub enum Decision {
         skipped: Vec<String>,
         moved_aside: Option<PathBuf>,
         seconds: f64,
+    },
+    /// A cluster member joins its peers' cluster (`--initial-cluster-state existing`, and this
+    /// `--initial-cluster` when `Some`); `learner`: it starts as that learner and waits to be promoted.
+    Join {
+        initial_cluster: Option<String>,
+        learner: Option<u64>,
+        reason: String,
     },
 }
 
@@ -110,6 +117,7 @@ pub async fn prepare(
     cfg: &RunConfig,
     reaper: &Reaper,
     status: &watch::Sender<Option<String>>,
+    member: &watch::Sender<Option<String>>,
 ) -> Result<Decision, String> {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let data = cwd.join(&cfg.etcd.data_dir);
@@ -119,6 +127,12 @@ pub async fn prepare(
         .as_deref()
         .map(|c| c.split(',').filter(|s| !s.trim().is_empty()).count())
         .unwrap_or(1);
+    if members > 1 {
+        // A member rejoins through its peers, never from the store (a lone restore would fork the
+        // cluster).
+        set(status, "asking the other members");
+        return crate::cluster::startup::prepare(cfg, member).await;
+    }
     let empty = is_empty_dir(&data);
 
     set(status, "listing backups");
@@ -150,16 +164,6 @@ pub async fn prepare(
             "no backups to compare with".into()
         }));
     };
-    if members > 1 {
-        tracing::warn!(
-            members,
-            "multi-member cluster: not restoring from backup (a lone restore would fork the cluster)"
-        );
-        return Ok(Decision::Keep(
-            "multi-member cluster: restore from backup is not done automatically".into(),
-        ));
-    }
-
     let mut moved = None;
     // The revision of the local data a restore replaces: nothing older may take its place.
     let mut floor = None;

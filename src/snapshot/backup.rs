@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::delta::{self, DeltaBuffer};
 use super::delta_codec::{Event, EventType, Lease, Revision};
 use super::{full, outside};
+use crate::cluster::leadership::{Identity, LEADERSHIP_CHECK, leads};
 use crate::etcd::{ClientConfig, Health};
 use crate::store::head::{Head, Uploaded};
 use crate::store::layout::Compression;
@@ -1030,6 +1031,9 @@ impl Backup {
                     let now = leads(client).await;
                     if let Some(Ok(me)) = now {
                         self.identity = me;
+                        // A repaired member's learner is promoted by the writer too, so a learner
+                        // whose own warden died is not left behind.
+                        crate::cluster::leadership::promote_caught_up_learners(client).await;
                     }
                     if let Some(Err(leader)) = now {
                         tracing::info!(leader = format!("{leader:x}"), "this member's etcd no longer leads: flushing the buffered delta and handing over");
@@ -1245,42 +1249,11 @@ pub fn parse_cron(s: &str) -> Result<croner::Cron, String> {
         .map_err(|e| e.to_string())
 }
 
-/// How often a cluster member's warden checks who leads.
-const LEADERSHIP_CHECK: Duration = Duration::from_secs(1);
-
 enum Leadership {
     Leader,
     Stop(oneshot::Sender<()>),
     /// etcd did not answer: connect again.
     Retry,
-}
-
-/// Who a status answer came from: cluster, member, raft term.
-#[derive(Debug, Clone, Copy, Default)]
-struct Identity {
-    cluster_id: u64,
-    member_id: u64,
-    raft_term: u64,
-}
-
-/// Whether the etcd behind `client` is the raft leader and a voter: `Some(Err(leader))` names
-/// another member, `None` when etcd does not answer.
-async fn leads(client: &mut Client) -> Option<Result<Identity, u64>> {
-    let s = tokio::time::timeout(LEADERSHIP_CHECK, client.status())
-        .await
-        .ok()?
-        .ok()?;
-    let h = s.header()?;
-    let me = Identity {
-        cluster_id: h.cluster_id(),
-        member_id: h.member_id(),
-        raft_term: h.raft_term(),
-    };
-    Some(if s.leader() == me.member_id && !s.is_learner() {
-        Ok(me)
-    } else {
-        Err(s.leader())
-    })
 }
 
 /// Why watch events could not go into a delta buffer.

@@ -31,6 +31,9 @@ pub enum Request {
     Stop,
     /// Pass a signal on to etcd.
     Forward(Signal),
+    /// The command line for the next start and every respawn (a cluster member's start-up
+    /// decision: join `existing`).
+    SetLaunch(Launch),
 }
 
 /// The etcd child as others see it.
@@ -127,6 +130,11 @@ impl Supervisor {
                     Request::Stop => Some(Event::Stop),
                     Request::Forward(sig) => {
                         self.signal_child(sig, false);
+                        None
+                    }
+                    Request::SetLaunch(launch) => {
+                        tracing::info!(args = ?launch.args, "etcd's command line for the next start");
+                        self.launch = launch;
                         None
                     }
                 },

@@ -1,0 +1,44 @@
+//! Is a member's data dir sound, without starting etcd on it? (A cluster member's etcd cannot be
+//! started privately the way a single member's is: it would wait for its peers.) The checks etcd's
+//! own start would fail on first: a WAL directory with segments, and a db whose bbolt meta pages
+//! are valid and whose file holds every page up to the high-water mark (a truncated db fails).
+
+use std::path::Path;
+
+use crate::restore::bolt::BoltFile;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum LocalData {
+    /// No data dir, or an empty one: nothing to keep.
+    Missing,
+    Sound,
+    /// There is data, and etcd cannot start on it: why.
+    Broken(String),
+}
+
+pub fn check(data: &Path) -> LocalData {
+    if crate::restore::execute::is_empty_dir(data) {
+        return LocalData::Missing;
+    }
+    let member = data.join("member");
+    if !member.is_dir() {
+        return LocalData::Broken(format!("{} has no member directory", data.display()));
+    }
+    let wal = member.join("wal");
+    let segments = std::fs::read_dir(&wal)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".wal"))
+                .filter(|e| e.metadata().is_ok_and(|m| m.len() > 0))
+                .count()
+        })
+        .unwrap_or(0);
+    if segments == 0 {
+        return LocalData::Broken(format!("{} holds no WAL segment", wal.display()));
+    }
+    let db = member.join("snap").join("db");
+    match BoltFile::open(&db).and_then(|f| f.root_items().map(drop)) {
+        Ok(()) => LocalData::Sound,
+        Err(e) => LocalData::Broken(format!("{}: {e}", db.display())),
+    }
+}
