@@ -517,7 +517,7 @@ impl Terms {
                 // A cluster member's etcd died and its data is gone or broken: no respawn on it
                 // (an empty member would bootstrap alone or crash on the peers' log); the start-up
                 // decision runs again and repairs it through the peers.
-                _ = child.changed(), if cluster => {
+                Ok(()) = child.changed(), if cluster => {
                     if child.borrow_and_update().phase != Phase::Backoff || *self.stopping.borrow() {
                         continue;
                     }

@@ -11,77 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use common::cluster::*;
 use common::*;
 use nix::sys::signal::Signal;
-
-const START: Duration = Duration::from_secs(60);
-
-/// etcd's command line for member `i` of the cluster on `ips` (bootstrapped with `token`).
-fn member_args_token(etcd: &Path, ips: &[String], i: usize, data: &Path, token: &str) -> Vec<String> {
-    let cluster = ips
-        .iter()
-        .enumerate()
-        .map(|(j, ip)| format!("m{j}=http://{ip}:2380"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let ip = &ips[i];
-    vec![
-        etcd.display().to_string(),
-        "--name".into(),
-        format!("m{i}"),
-        "--data-dir".into(),
-        data.display().to_string(),
-        "--listen-client-urls".into(),
-        format!("http://{ip}:2379"),
-        "--advertise-client-urls".into(),
-        format!("http://{ip}:2379"),
-        "--listen-peer-urls".into(),
-        format!("http://{ip}:2380"),
-        "--initial-advertise-peer-urls".into(),
-        format!("http://{ip}:2380"),
-        "--initial-cluster".into(),
-        cluster,
-        "--initial-cluster-token".into(),
-        token.into(),
-        "--initial-cluster-state".into(),
-        "new".into(),
-    ]
-}
-
-/// A warden (and its etcd) for each member of the cluster on `ips`, all on `store`, each ready.
-fn start_members(
-    etcd: &Path,
-    dir: &Path,
-    store: &str,
-    ips: &[String],
-    name: &str,
-    token: &str,
-) -> Vec<Option<Warden>> {
-    start_members_with(etcd, dir, store, ips, name, token, &[])
-}
-
-fn start_members_with(
-    etcd: &Path,
-    dir: &Path,
-    store: &str,
-    ips: &[String],
-    name: &str,
-    token: &str,
-    extra: &[&str],
-) -> Vec<Option<Warden>> {
-    let wardens: Vec<Option<Warden>> = (0..ips.len())
-        .map(|i| {
-            let argv = member_args_token(etcd, ips, i, &dir.join(format!("{name}{i}")), token);
-            let mut opts = vec!["--store", store, "--delta-snapshot-period", "200ms"];
-            opts.extend_from_slice(extra);
-            Some(Warden::start(&ips[i], &opts, &argv))
-        })
-        .collect();
-    for w in wardens.iter().flatten() {
-        w.wait_ready(START);
-    }
-    wardens
-}
 
 /// After a cluster's turbulence: the writer `w` backs up etcd's revision as seen through `ip`, the
 /// store holds one full snapshot and a chain that verifies, and a restore holds every acknowledged
@@ -117,63 +49,6 @@ fn one_chain_nothing_lost(
     let (found, _) = keys_after_restore(etcd, store, &[], "k");
     assert_none_lost(acked, &found, what);
     (rev, found)
-}
-
-fn role(w: &Warden) -> String {
-    w.status()["backup"]["role"].as_str().unwrap_or("").to_owned()
-}
-
-/// The index of the one warden that says it writes, once exactly one does.
-fn the_writer(wardens: &[Option<Warden>]) -> usize {
-    wait_for("exactly one writer among the wardens", START, || {
-        let writers: Vec<usize> = wardens
-            .iter()
-            .enumerate()
-            .filter(|(_, w)| w.as_ref().is_some_and(|w| role(w) == "writer"))
-            .map(|(i, _)| i)
-            .collect();
-        let followers = wardens
-            .iter()
-            .filter(|w| w.as_ref().is_some_and(|w| role(w) == "follower"))
-            .count();
-        let alive = wardens.iter().filter(|w| w.is_some()).count();
-        (writers.len() == 1 && followers == alive - 1).then(|| writers[0])
-    })
-}
-
-/// Writes `k…` keys through `ip` (a member that stays up) until told to stop; the acknowledged ones.
-fn writer(ip: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<String>> {
-    std::thread::spawn(move || {
-        rt().block_on(async move {
-            let opts = etcd_client::ConnectOptions::new()
-                .with_timeout(Duration::from_secs(2))
-                .with_connect_timeout(Duration::from_secs(2));
-            let mut client = None;
-            let mut acked = Vec::new();
-            let mut n = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                if client.is_none() {
-                    client = etcd_client::Client::connect([format!("http://{ip}:2379")], Some(opts.clone()))
-                        .await
-                        .ok();
-                }
-                let k = format!("k{n:06}");
-                let ok = match client.as_mut() {
-                    Some(c) => c.put(k.as_str(), "v", None).await.is_ok(),
-                    None => false,
-                };
-                if ok {
-                    acked.push(k);
-                    n += 1;
-                } else {
-                    // An election is under way: the put was not acknowledged; try the next key.
-                    n += 1;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-            acked
-        })
-    })
 }
 
 #[test]
@@ -273,18 +148,6 @@ fn one_writer_and_handover(etcd: &Path) {
         w.signal(Signal::SIGTERM);
         w.wait_exit(START);
     }
-}
-
-/// etcd's member ids by index, from `member list`.
-fn member_ids(ctl: &Path, ip: &str) -> Vec<(String, u64)> {
-    let out = etcdctl(ctl, ip, &["member", "list", "-w", "json"]).unwrap();
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    v["members"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| (m["name"].as_str().unwrap().to_owned(), m["ID"].as_u64().unwrap()))
-        .collect()
 }
 
 /// Ten leader moves under writes: each new leader's warden takes over the same chain; no new full
@@ -847,18 +710,6 @@ fn store_cut_and_leader_killed(cut: Duration, compact: bool) {
         w.signal(Signal::SIGTERM);
         w.wait_exit(START);
     }
-}
-
-/// etcd's HashKV of the member at `ip` at revision `rev`.
-fn hashkv(ctl: &Path, ip: &str, rev: i64) -> u64 {
-    let out = etcdctl(
-        ctl,
-        ip,
-        &["endpoint", "hashkv", &format!("--rev={rev}"), "-w", "json"],
-    )
-    .unwrap();
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    v[0]["HashKV"]["hash"].as_u64().unwrap()
 }
 
 /// Runs this test again inside a network namespace of its own (`unshare --net`, loopback up), so

@@ -187,6 +187,11 @@ async fn voter_view(client: &ClientConfig, endpoint: &str) -> Result<Option<Vec<
     if status.leader() == 0 || status.is_learner() {
         return Ok(None);
     }
+    // A leader that lost its followers still says it leads until its election timeout passes, and
+    // answers the member list from its own state: a linearizable read proves the quorum.
+    if c.get("etcd-warden-quorum-check", None).await.is_err() {
+        return Ok(None);
+    }
     let list = c.member_list().await.map_err(|e| e.to_string())?;
     Ok(Some(list.members().iter().map(Member::from).collect()))
 }

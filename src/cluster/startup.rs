@@ -26,6 +26,15 @@ use super::peers::{self, ChangeError, Member, Survey};
 use crate::config::RunConfig;
 use crate::restore::startup::Decision;
 
+/// `ETCD_WARDEN_FAILPOINT=<name>` makes the warden die right there, as a SIGKILL would: how the
+/// tests check that a repair resumes from its journal after a crash at each step.
+fn failpoint(name: &str) {
+    if std::env::var("ETCD_WARDEN_FAILPOINT").is_ok_and(|v| v == name) {
+        tracing::error!(failpoint = name, "failpoint reached: dying");
+        std::process::abort();
+    }
+}
+
 /// How long to wait before asking the peers again.
 const RETRY: Duration = Duration::from_secs(2);
 
@@ -163,7 +172,12 @@ async fn step(
                     reason: "resuming a repair: the learner waits for its promotion".into(),
                 }
             }
-            _ => {
+            other => {
+                if other.is_some() {
+                    // A journal without a learner: that repair never got to start etcd, and this
+                    // data came from elsewhere (an operator's restore). It is what etcd starts on.
+                    Journal::finish(data);
+                }
                 tracing::info!(data = %data.display(), "member data dir is sound: starting etcd as configured");
                 Decision::Keep("member data dir sound".into())
             }
@@ -184,6 +198,20 @@ async fn step(
     }
     let survey = peers::survey(&cfg.client, &me.others, &cfg.cluster_endpoints, &me.client_urls).await;
     let Some((list, voter)) = survey.quorum.clone() else {
+        if let Some(j) = &journal {
+            say(
+                status,
+                &format!(
+                    "repair under way ({}), waiting for a member to answer with a leader to finish it ({})",
+                    match &j.moved_aside {
+                        Some(p) => format!("the broken data dir is kept at {}", p.display()),
+                        None => "nothing moved".to_owned(),
+                    },
+                    survey.failures.join("; ")
+                ),
+            );
+            return Ok(None);
+        }
         return no_quorum(cfg, me, &local, &survey, status).await;
     };
     let evidence = format!(
@@ -230,11 +258,11 @@ async fn step(
                 member = format!("{:x}", m.id),
                 "listed but never started: starting etcd `existing`"
             );
-            return Ok(Some(Decision::Join {
+            Ok(Some(Decision::Join {
                 initial_cluster: Some(existing_cluster(me, &list, cfg)),
                 learner,
                 reason: format!("joined as listed member {:x}", m.id),
-            }));
+            }))
         }
         // Listed and started before, but our data is gone or broken: remove that entry first.
         Some(m) => {
@@ -268,6 +296,7 @@ async fn step(
                     journal.removed = true;
                     journal.save(data)?;
                     tracing::info!(member = format!("{:x}", m.id), "old member entry removed");
+                    failpoint("repair-after-remove");
                 }
                 Err(e) => {
                     say(
@@ -289,6 +318,7 @@ async fn step(
             journal.save(data)?;
             match peers::add_learner(&cfg.client, &voter, &me.peer_urls).await {
                 Ok(id) => {
+                    failpoint("repair-after-add");
                     journal.learner_id = Some(id);
                     journal.adding = false;
                     journal.save(data)?;

@@ -1,0 +1,159 @@
+//! Helpers for tests with several etcd members on loopback, a warden beside each.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use super::*;
+
+/// How long a member (etcd and its warden) may take to come up.
+pub const START: Duration = Duration::from_secs(60);
+
+/// etcd's command line for member `i` of the cluster on `ips` (bootstrapped with `token`).
+pub fn member_args_token(etcd: &Path, ips: &[String], i: usize, data: &Path, token: &str) -> Vec<String> {
+    let cluster = ips
+        .iter()
+        .enumerate()
+        .map(|(j, ip)| format!("m{j}=http://{ip}:2380"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let ip = &ips[i];
+    vec![
+        etcd.display().to_string(),
+        "--name".into(),
+        format!("m{i}"),
+        "--data-dir".into(),
+        data.display().to_string(),
+        "--listen-client-urls".into(),
+        format!("http://{ip}:2379"),
+        "--advertise-client-urls".into(),
+        format!("http://{ip}:2379"),
+        "--listen-peer-urls".into(),
+        format!("http://{ip}:2380"),
+        "--initial-advertise-peer-urls".into(),
+        format!("http://{ip}:2380"),
+        "--initial-cluster".into(),
+        cluster,
+        "--initial-cluster-token".into(),
+        token.into(),
+        "--initial-cluster-state".into(),
+        "new".into(),
+    ]
+}
+
+/// A warden (and its etcd) for each member of the cluster on `ips`, all on `store`, each ready.
+pub fn start_members(
+    etcd: &Path,
+    dir: &Path,
+    store: &str,
+    ips: &[String],
+    name: &str,
+    token: &str,
+) -> Vec<Option<Warden>> {
+    start_members_with(etcd, dir, store, ips, name, token, &[])
+}
+
+pub fn start_members_with(
+    etcd: &Path,
+    dir: &Path,
+    store: &str,
+    ips: &[String],
+    name: &str,
+    token: &str,
+    extra: &[&str],
+) -> Vec<Option<Warden>> {
+    let wardens: Vec<Option<Warden>> = (0..ips.len())
+        .map(|i| {
+            let argv = member_args_token(etcd, ips, i, &dir.join(format!("{name}{i}")), token);
+            let mut opts = vec!["--store", store, "--delta-snapshot-period", "200ms"];
+            opts.extend_from_slice(extra);
+            Some(Warden::start(&ips[i], &opts, &argv))
+        })
+        .collect();
+    for w in wardens.iter().flatten() {
+        w.wait_ready(START);
+    }
+    wardens
+}
+
+pub fn role(w: &Warden) -> String {
+    w.status()["backup"]["role"].as_str().unwrap_or("").to_owned()
+}
+
+/// The index of the one warden that says it writes, once exactly one does.
+pub fn the_writer(wardens: &[Option<Warden>]) -> usize {
+    wait_for("exactly one writer among the wardens", START, || {
+        let writers: Vec<usize> = wardens
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.as_ref().is_some_and(|w| role(w) == "writer"))
+            .map(|(i, _)| i)
+            .collect();
+        let followers = wardens
+            .iter()
+            .filter(|w| w.as_ref().is_some_and(|w| role(w) == "follower"))
+            .count();
+        let alive = wardens.iter().filter(|w| w.is_some()).count();
+        (writers.len() == 1 && followers == alive - 1).then(|| writers[0])
+    })
+}
+
+/// Writes `k…` keys through `ip` (a member that stays up) until told to stop; the acknowledged ones.
+pub fn writer(ip: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<String>> {
+    std::thread::spawn(move || {
+        rt().block_on(async move {
+            let opts = etcd_client::ConnectOptions::new()
+                .with_timeout(Duration::from_secs(2))
+                .with_connect_timeout(Duration::from_secs(2));
+            let mut client = None;
+            let mut acked = Vec::new();
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                if client.is_none() {
+                    client = etcd_client::Client::connect([format!("http://{ip}:2379")], Some(opts.clone()))
+                        .await
+                        .ok();
+                }
+                let k = format!("k{n:06}");
+                let ok = match client.as_mut() {
+                    Some(c) => c.put(k.as_str(), "v", None).await.is_ok(),
+                    None => false,
+                };
+                if ok {
+                    acked.push(k);
+                    n += 1;
+                } else {
+                    // An election is under way: the put was not acknowledged; try the next key.
+                    n += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            acked
+        })
+    })
+}
+
+/// etcd's member ids by index, from `member list`.
+pub fn member_ids(ctl: &Path, ip: &str) -> Vec<(String, u64)> {
+    let out = etcdctl(ctl, ip, &["member", "list", "-w", "json"]).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["name"].as_str().unwrap().to_owned(), m["ID"].as_u64().unwrap()))
+        .collect()
+}
+
+/// etcd's HashKV of the member at `ip` at revision `rev`.
+pub fn hashkv(ctl: &Path, ip: &str, rev: i64) -> u64 {
+    let out = etcdctl(
+        ctl,
+        ip,
+        &["endpoint", "hashkv", &format!("--rev={rev}"), "-w", "json"],
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v[0]["HashKV"]["hash"].as_u64().unwrap()
+}

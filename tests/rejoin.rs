@@ -1,0 +1,387 @@
+//! A member that lost its data rejoins through its peers (clusters part 2): removed, added back
+//! as a learner, started `existing`, promoted — never restored from the store — and a member that
+//! finds no quorum never bootstraps a second cluster. Real etcd members on loopback, a warden each.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::cluster::*;
+use common::*;
+use nix::sys::signal::Signal;
+
+/// A member as `etcdctl member list -w json` shows it.
+#[derive(Debug, Clone)]
+struct Listed {
+    id: u64,
+    name: String,
+    peer_urls: Vec<String>,
+    learner: bool,
+}
+
+fn members(ctl: &Path, ip: &str) -> Option<Vec<Listed>> {
+    let out = etcdctl(ctl, ip, &["member", "list", "-w", "json"]).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+    Some(
+        v["members"]
+            .as_array()?
+            .iter()
+            .map(|m| Listed {
+                id: m["ID"].as_u64().unwrap_or(0),
+                name: m["name"].as_str().unwrap_or("").to_owned(),
+                peer_urls: m["peerURLs"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|u| u.as_str().map(str::to_owned)).collect())
+                    .unwrap_or_default(),
+                learner: m["isLearner"].as_bool().unwrap_or(false),
+            })
+            .collect(),
+    )
+}
+
+/// The cluster ID as the member at `ip` reports it.
+fn cluster_id(ctl: &Path, ip: &str) -> Option<u64> {
+    let out = etcdctl(ctl, ip, &["endpoint", "status", "-w", "json"]).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+    v[0]["Status"]["header"]["cluster_id"].as_u64()
+}
+
+/// Writes through `ip` until stopped; returns the acknowledged keys and the longest time without
+/// an acknowledged write.
+fn timed_writer(ip: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Vec<String>, Duration)> {
+    std::thread::spawn(move || {
+        rt().block_on(async move {
+            let opts = etcd_client::ConnectOptions::new()
+                .with_timeout(Duration::from_secs(2))
+                .with_connect_timeout(Duration::from_secs(2));
+            let mut client = etcd_client::Client::connect([format!("http://{ip}:2379")], Some(opts))
+                .await
+                .unwrap();
+            let mut acked = Vec::new();
+            let mut last = Instant::now();
+            let mut longest = Duration::ZERO;
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let k = format!("r{n:06}");
+                n += 1;
+                if client.put(k.as_str(), "v", None).await.is_ok() {
+                    longest = longest.max(last.elapsed());
+                    last = Instant::now();
+                    acked.push(k);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (acked, longest)
+        })
+    })
+}
+
+fn data_dir(dir: &Path, i: usize) -> PathBuf {
+    dir.join(format!("m{i}"))
+}
+
+/// A warden for member `i` of `ips` with `envs`, not yet ready.
+fn member(etcd: &Path, dir: &Path, store: &str, ips: &[String], i: usize, envs: &[(&str, String)]) -> Warden {
+    let argv = member_args_token(etcd, ips, i, &data_dir(dir, i), "warden-rejoin");
+    Warden::builder(
+        &ips[i],
+        &["--store", store, "--delta-snapshot-period", "200ms"],
+        &argv,
+    )
+    .envs(envs)
+    .spawn()
+}
+
+/// Waits until the member with peer URL `peer` is a voter under its own name, with an id other
+/// than `old`; returns the new id.
+fn wait_voter(ctl: &Path, via: &str, name: &str, peer: &str, old: u64, timeout: Duration) -> u64 {
+    wait_for(
+        &format!("{name} to be a promoted voter with a new member id"),
+        timeout,
+        || {
+            let list = members(ctl, via)?;
+            let m = list.iter().find(|m| m.peer_urls.iter().any(|u| u == peer))?;
+            (m.name == name && !m.learner && m.id != old && list.len() == 3).then_some(m.id)
+        },
+    )
+}
+
+/// The member's etcd holds the leader's history: same HashKV at the leader's revision.
+fn same_history(ctl: &Path, member_ip: &str, leader_ip: &str, what: &str) {
+    let rev = etcd_revision(ctl, leader_ip);
+    wait_for(
+        &format!("{what}: the member to reach revision {rev}"),
+        START,
+        || {
+            let out = etcdctl(ctl, member_ip, &["endpoint", "status", "-w", "json"]).ok()?;
+            let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+            (v[0]["Status"]["header"]["revision"].as_i64()? >= rev).then_some(())
+        },
+    );
+    assert_eq!(
+        hashkv(ctl, member_ip, rev),
+        hashkv(ctl, leader_ip, rev),
+        "{what}: the member's history differs from the leader's at revision {rev}"
+    );
+}
+
+#[test]
+fn etcd_3_5_a_follower_whose_data_dir_vanishes_rejoins_as_a_learner() {
+    data_dir_vanishes(&etcd35());
+}
+
+#[test]
+fn etcd_3_4_a_follower_whose_data_dir_vanishes_rejoins_as_a_learner() {
+    data_dir_vanishes(&etcd34());
+}
+
+/// A follower's data dir is deleted and its etcd SIGKILLed under a running warden: the warden
+/// does not respawn etcd on nothing; it removes the old entry, adds the member as a learner, starts
+/// it `existing`, and it is promoted — with a new member id, no backup downloaded, writes going on.
+fn data_dir_vanishes(etcd: &Path) {
+    let ctl = etcdctl_for(etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let mut wardens = start_members(etcd, dir.path(), &store, &ips, "m", "warden-rejoin");
+    let writer_i = the_writer(&wardens);
+    let victim = (writer_i + 1) % 3;
+    let old = member_ids(&ctl, &ips[writer_i])
+        .into_iter()
+        .find(|(n, _)| *n == format!("m{victim}"))
+        .unwrap()
+        .1;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = timed_writer(ips[writer_i].clone(), stop.clone());
+    std::thread::sleep(Duration::from_millis(500));
+
+    let w = wardens[victim].as_ref().unwrap();
+    let etcd_pid = w.etcd_pid().unwrap();
+    std::fs::remove_dir_all(dir.path().join(format!("m{victim}"))).unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(etcd_pid), Signal::SIGKILL).unwrap();
+    let lost_at = Instant::now();
+    let id = wait_voter(
+        &ctl,
+        &ips[writer_i],
+        &format!("m{victim}"),
+        &format!("http://{}:2380", ips[victim]),
+        old,
+        START,
+    );
+    let promoted_s = lost_at.elapsed().as_secs_f64();
+    w.wait_ready(START);
+    eprintln!("data loss -> promoted voter {id:x}: {promoted_s:.2}s");
+    assert!(promoted_s < 60.0, "promoted after {promoted_s:.1}s");
+    stop.store(true, Ordering::SeqCst);
+    let (acked, longest) = writes.join().unwrap();
+    assert!(acked.len() > 20, "too few writes: {}", acked.len());
+    assert!(
+        longest < Duration::from_secs(2),
+        "writes failed for {longest:?} during the repair"
+    );
+    same_history(&ctl, &ips[victim], &ips[writer_i], "after the rejoin");
+    // Rejoined through the peers, not from the store.
+    let st = w.status();
+    assert_eq!(st["restore"]["startup_restores"]["total"], 0, "{st}");
+    let log = w.log_text();
+    assert!(
+        log.contains("rejoined as learner") || log.contains("added as a learner"),
+        "{log}"
+    );
+    assert!(
+        beside_done(dir.path(), victim),
+        "the repair journal was not closed"
+    );
+    assert_eq!(members(&ctl, &ips[writer_i]).unwrap().len(), 3);
+    for w in wardens.iter_mut().flatten() {
+        w.signal(Signal::SIGTERM);
+        w.wait_exit(START);
+    }
+}
+
+fn beside_done(dir: &Path, i: usize) -> bool {
+    dir.join(format!("m{i}.warden-repair.done.json")).exists()
+}
+
+/// A follower's db is truncated while it is stopped, and its warden is killed right after the
+/// repair removed the old entry, and again right after it added the learner (before it heard the
+/// new id): each restart resumes from the journal, and the cluster ends with three voters, no
+/// second learner, the broken dir kept aside. Meanwhile, with one peer down (no quorum), the repair
+/// waits and changes nothing.
+#[test]
+fn a_truncated_db_is_kept_aside_and_the_repair_resumes_after_each_crash() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let mut wardens = start_members(&etcd, dir.path(), &store, &ips, "m", "warden-rejoin");
+    let writer_i = the_writer(&wardens);
+    for n in 0..200 {
+        etcdctl(
+            &ctl,
+            &ips[writer_i],
+            &["put", &format!("t{n:04}"), &"x".repeat(1000)],
+        )
+        .unwrap();
+    }
+    let victim = (writer_i + 1) % 3;
+    let other = (writer_i + 2) % 3;
+    let old = member_ids(&ctl, &ips[writer_i])
+        .into_iter()
+        .find(|(n, _)| *n == format!("m{victim}"))
+        .unwrap()
+        .1;
+    let mut w = wardens[victim].take().unwrap();
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    let data = data_dir(dir.path(), victim);
+    let db = data.join("member/snap/db");
+    // Cut inside the pages bbolt uses (its file is grown in 16 MiB steps, so half the file can be
+    // all padding): four 4 KiB pages are left, the two meta pages among them.
+    let len = 16 * 1024;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&db)
+        .unwrap()
+        .set_len(len)
+        .unwrap();
+
+    // No quorum (another member down too): the repair waits, says why, and moves nothing.
+    let mut o = wardens[other].take().unwrap();
+    o.signal(Signal::SIGTERM);
+    o.wait_exit(START);
+    let waiting = member(&etcd, dir.path(), &store, &ips, victim, &[]);
+    let reason = wait_for("the repair to wait for quorum", START, || {
+        let (code, body) = waiting.get("/readyz")?;
+        (code == 503 && body.contains("a repair needs quorum")).then_some(body)
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(db.exists(), "the broken data dir moved without quorum: {reason}");
+    assert_eq!(waiting.etcd_pid(), None, "etcd started on broken data");
+    drop(waiting);
+    wardens[other] = Some(member(&etcd, dir.path(), &store, &ips, other, &[]));
+    wardens[other].as_ref().unwrap().wait_ready(START);
+
+    // The repair dies after removing the old entry...
+    let crash = |point: &str| {
+        let mut c = member(
+            &etcd,
+            dir.path(),
+            &store,
+            &ips,
+            victim,
+            &[("ETCD_WARDEN_FAILPOINT", point.to_owned())],
+        );
+        let code = c.wait_exit(START);
+        assert_ne!(code, 0, "the warden did not die at {point}");
+    };
+    crash("repair-after-remove");
+    let list = members(&ctl, &ips[writer_i]).unwrap();
+    assert_eq!(list.len(), 2, "the old entry is still there: {list:?}");
+    let aside: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("m{victim}.broken-"))
+        })
+        .collect();
+    assert_eq!(aside.len(), 1, "the broken dir is not kept aside once");
+    let kept = aside[0].path().join("member/snap/db");
+    assert_eq!(
+        std::fs::metadata(&kept).unwrap().len(),
+        len,
+        "the kept dir is not the broken one"
+    );
+    // ...and after adding the learner, before it heard the new id.
+    crash("repair-after-add");
+    let list = members(&ctl, &ips[writer_i]).unwrap();
+    assert_eq!(list.iter().filter(|m| m.learner).count(), 1, "{list:?}");
+    assert_eq!(list.len(), 3, "{list:?}");
+
+    let w = member(&etcd, dir.path(), &store, &ips, victim, &[]);
+    let id = wait_voter(
+        &ctl,
+        &ips[writer_i],
+        &format!("m{victim}"),
+        &format!("http://{}:2380", ips[victim]),
+        old,
+        START,
+    );
+    w.wait_ready(START);
+    let list = members(&ctl, &ips[writer_i]).unwrap();
+    assert_eq!(list.len(), 3, "{list:?}");
+    assert!(list.iter().all(|m| !m.learner), "{list:?}");
+    assert!(list.iter().any(|m| m.id == id));
+    same_history(&ctl, &ips[victim], &ips[writer_i], "after the resumed repair");
+    wardens[victim] = Some(w);
+    for w in wardens.iter_mut().flatten() {
+        w.signal(Signal::SIGTERM);
+        w.wait_exit(START);
+    }
+}
+
+/// Two of three data dirs wiped while the cluster was down: the two wardens find no leader, see
+/// that the cluster existed (the surviving member's list, the store's record), and wait, saying
+/// "quorum lost"; neither starts an etcd, so no second cluster id ever appears.
+#[test]
+fn two_members_wiped_while_stopped_never_bootstrap_a_new_cluster() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let mut wardens = start_members(&etcd, dir.path(), &store, &ips, "m", "warden-rejoin");
+    let writer_i = the_writer(&wardens);
+    wait_for("the prefix claimed in the store", START, || {
+        dir.path().join("store/v1/cluster.json").exists().then_some(())
+    });
+    let id = cluster_id(&ctl, &ips[writer_i]).unwrap();
+    for w in wardens.iter_mut().flatten() {
+        w.signal(Signal::SIGTERM);
+        w.wait_exit(START);
+    }
+    let kept = writer_i;
+    for i in (0..3).filter(|i| *i != kept) {
+        std::fs::remove_dir_all(data_dir(dir.path(), i)).unwrap();
+    }
+    let wardens: Vec<Warden> = (0..3)
+        .map(|i| member(&etcd, dir.path(), &store, &ips, i, &[]))
+        .collect();
+    for i in (0..3).filter(|i| *i != kept) {
+        let body = wait_for(&format!("m{i} to say quorum lost"), START, || {
+            let (code, body) = wardens[i].get("/readyz")?;
+            (code == 503 && body.contains("quorum lost")).then_some(body)
+        });
+        assert!(
+            body.contains("ran before") || body.contains("records cluster"),
+            "{body}"
+        );
+    }
+    // For a while: no etcd on the wiped members, and the only cluster id is the old one.
+    let until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < until {
+        for i in (0..3).filter(|i| *i != kept) {
+            assert_eq!(wardens[i].etcd_pid(), None, "m{i} started an etcd without quorum");
+            assert!(
+                !data_dir(dir.path(), i).join("member").exists(),
+                "m{i} bootstrapped"
+            );
+        }
+        if let Some(now) = cluster_id(&ctl, &ips[kept]) {
+            assert_eq!(now, id, "a second cluster id appeared");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_ne!(
+        wardens[kept].get("/readyz").map(|r| r.0),
+        Some(200),
+        "a lone member is ready"
+    );
+}
