@@ -225,6 +225,79 @@ async fn verify_cmd(url: &str, as_json: bool, keys: Keys) -> i32 {
     }
 }
 
+/// `cluster restore`: writes the plan every member's warden restores by.
+pub async fn cluster_restore(args: crate::config::ClusterRestoreArgs) -> i32 {
+    use crate::restore::Target;
+    let keys = match keys(None, None, args.identity.as_deref()) {
+        Ok(k) => k,
+        Err(code) => return code,
+    };
+    let store = match open_store(&args.store, keys) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let target = match (args.to_revision, &args.to_time) {
+        (Some(r), _) if r < 1 => {
+            eprintln!("etcd-warden: --to-revision {r}: revisions start at 1");
+            return EX_USAGE;
+        }
+        (Some(r), _) => Target::Revision(r),
+        (None, Some(t)) => match crate::restore::execute::parse_time(t) {
+            Ok(ms) => Target::Time(ms),
+            Err(e) => {
+                eprintln!("etcd-warden: --to-time {e}");
+                return EX_USAGE;
+            }
+        },
+        (None, None) => Target::Latest,
+    };
+    if (args.bump_revision > 0) != args.mark_compacted || i64::try_from(args.bump_revision).is_err() {
+        eprintln!(
+            "etcd-warden: --bump-revision N (below 2^63) and --mark-compacted go together (as in etcdutl): give both, or neither; nothing was written"
+        );
+        return EX_USAGE;
+    }
+    let req = crate::cluster::restore::PlanRequest {
+        target,
+        bump_revision: args.bump_revision,
+        initial_cluster: args.initial_cluster.clone(),
+        force: args.force,
+    };
+    match crate::cluster::restore::write_plan(&store, &req).await {
+        Ok(plan) => {
+            println!(
+                "cluster restore plan {} written to {}: every member restores {} to revision {}{}, as a new cluster (token {}):",
+                plan.id,
+                args.store,
+                plan.full,
+                plan.target_revision,
+                if plan.bump_revision > 0 {
+                    format!(" (bumped by {}, compacted)", plan.bump_revision)
+                } else {
+                    String::new()
+                },
+                plan.token
+            );
+            for m in &plan.members {
+                println!("  {} {}", m.name, m.peer_urls.join(","));
+            }
+            println!(
+                "each member's warden applies it once it finds no quorum{}; /status of each shows it",
+                if plan.force {
+                    " (or at its next start: --force)"
+                } else {
+                    ""
+                }
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("etcd-warden: cluster restore: {e}; nothing was written");
+            1
+        }
+    }
+}
+
 /// `restore` restored less than the store's newest backup for the target (corrupt or missing
 /// objects): the data dir holds the newest consistent point; `--accept-older` makes this exit 0.
 pub const EX_OLDER: i32 = 2;

@@ -58,6 +58,45 @@ pub enum Command {
     Restore(RestoreArgs),
     /// Talk to a running warden over its admin socket (--admin-socket).
     Ctl(CtlArgs),
+    /// Multi-member clusters.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Quorum lost: write a restore plan into the store. Every member's warden that finds it while
+    /// its cluster has no quorum restores the same chain to the same revision with a new cluster
+    /// token and starts a new cluster; all members come up with the same history.
+    Restore(ClusterRestoreArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ClusterRestoreArgs {
+    /// The store the cluster's wardens back up to (their --store).
+    #[arg(long, env = "ETCD_WARDEN_STORE", value_name = "URL")]
+    pub store: String,
+    /// Restore to this revision.
+    #[arg(long, value_name = "N", conflicts_with = "to_time")]
+    pub to_revision: Option<i64>,
+    /// Restore to the newest delta written at or before this time (RFC 3339).
+    #[arg(long, value_name = "RFC3339")]
+    pub to_time: Option<String>,
+    /// Raise the restored revision by N (with --mark-compacted), as etcdutl.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub bump_revision: u64,
+    /// Mark every revision up to the bumped one compacted (required with --bump-revision > 0).
+    #[arg(long)]
+    pub mark_compacted: bool,
+    /// The members, name=peer-url,... [default: the member list the store recorded]
+    #[arg(long, value_name = "NAME=URL,...")]
+    pub initial_cluster: Option<String>,
+    /// Members apply the plan at their next start even if their cluster still has quorum.
+    #[arg(long)]
+    pub force: bool,
+    /// age identity file, for backups written with --encrypt-to.
+    #[arg(long, env = "ETCD_WARDEN_IDENTITY_FILE", value_name = "FILE")]
+    pub identity: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -700,6 +739,7 @@ impl RunConfig {
             defrag_schedule,
             keys,
             member_name: etcd.name.clone(),
+            data_dir: std::env::current_dir().unwrap_or_default().join(&etcd.data_dir),
             cluster: etcd
                 .initial_cluster
                 .as_deref()

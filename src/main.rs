@@ -30,6 +30,9 @@ fn main() {
         Command::Backups(cmd) => one_shot(cli::backups(cmd)),
         Command::Restore(args) => restore_command(args),
         Command::Ctl(args) => one_shot_quiet(etcd_warden::ctl::ctl(args)),
+        Command::Cluster(etcd_warden::config::ClusterCommand::Restore(args)) => {
+            one_shot_quiet(cli::cluster_restore(args))
+        }
     };
     exit(code);
 }

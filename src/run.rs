@@ -227,6 +227,10 @@ struct Terms {
     flush_budget: Duration,
 }
 
+/// How often a leaderless cluster member looks for a restore plan, and after how long.
+const PLAN_CHECK: Duration = Duration::from_secs(5);
+const LEADERLESS_BEFORE_PLAN: Duration = Duration::from_secs(10);
+
 /// How serving ended.
 enum Served {
     Exit(ExitStatus),
@@ -429,8 +433,8 @@ impl Terms {
                     decision = &mut prepare => match decision {
                         Ok(d) => {
                             tracing::info!(decision = ?d, "data dir ready");
-                            if let Decision::Join { initial_cluster, learner, .. } = &d {
-                                joined = Some((initial_cluster.clone(), *learner));
+                            if let Decision::Join { flags, learner, .. } = &d {
+                                joined = Some((flags.clone(), *learner));
                             }
                             if let Decision::Restored { revision, backed_up_revision, target_revision, skipped, seconds, .. } = d {
                                 self.restores.send_modify(|r| {
@@ -460,20 +464,21 @@ impl Terms {
                 }
             }
         }
-        if let Some((cluster, learner)) = joined {
-            self.join(cluster.as_deref(), learner).await;
+        if let Some((flags, learner)) = joined {
+            self.join(&flags, learner).await;
         }
         self.restoring.send_replace(None);
         Ok(())
     }
 
-    /// A cluster member joins its peers: etcd starts `existing` (with the current members when
-    /// given) and, as a learner, is promoted once it caught up.
-    async fn join(&mut self, initial_cluster: Option<&str>, learner: Option<u64>) {
-        if let Some(cluster) = initial_cluster {
+    /// A cluster member starts with the decision's etcd flags (joining its peers `existing`, or a
+    /// restore plan's new cluster) and, as a learner, is promoted once it caught up.
+    async fn join(&mut self, flags: &[(String, String)], learner: Option<u64>) {
+        if !flags.is_empty() {
             let mut launch = self.config.launch.clone();
-            launch.args = crate::etcd::args::with_flag(&launch.args, "initial-cluster-state", "existing");
-            launch.args = crate::etcd::args::with_flag(&launch.args, "initial-cluster", cluster);
+            for (flag, value) in flags {
+                launch.args = crate::etcd::args::with_flag(&launch.args, flag, value);
+            }
             let _ = self.requests.send(Request::SetLaunch(launch)).await;
         }
         if let Some(id) = learner {
@@ -511,9 +516,34 @@ impl Terms {
     async fn serve(&mut self) -> Served {
         let mut child = self.shared.child.clone();
         let cluster = self.config.backup.cluster;
+        let mut plan_check = tokio::time::interval(PLAN_CHECK);
+        plan_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut leaderless_since: Option<Instant> = None;
         loop {
             tokio::select! {
                 biased;
+                // A cluster member without a leader for a while looks for a cluster restore plan
+                // (one GET): when one names it, etcd is held down and the start-up decision, run
+                // again, restores by it.
+                _ = plan_check.tick(), if cluster => {
+                    let h = self.shared.health.borrow().clone();
+                    if h.healthy || h.leader.is_some_and(|l| l != 0) {
+                        leaderless_since = None;
+                        continue;
+                    }
+                    let since = *leaderless_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() < LEADERLESS_BEFORE_PLAN || *self.stopping.borrow() {
+                        continue;
+                    }
+                    let data = std::env::current_dir().unwrap_or_else(|_| "/".into()).join(&self.config.etcd.data_dir);
+                    let Ok(store) = self.config.backup.open_store() else { continue };
+                    if let Ok(Some(plan)) = crate::cluster::restore::pending_plan(&store, &self.config.etcd.name, &data).await {
+                        tracing::warn!(plan = %plan.id, leaderless_s = since.elapsed().as_secs(), "no leader, and a cluster restore plan names this member: holding etcd down to restore by it");
+                        let (tx, killed) = tokio::sync::oneshot::channel();
+                        let _ = self.requests.send(Request::Fence(tx)).await;
+                        return Served::Repair(killed);
+                    }
+                }
                 // A cluster member's etcd died and its data is gone or broken: no respawn on it
                 // (an empty member would bootstrap alone or crash on the peers' log); the start-up
                 // decision runs again and repairs it through the peers.

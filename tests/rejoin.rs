@@ -385,3 +385,260 @@ fn two_members_wiped_while_stopped_never_bootstrap_a_new_cluster() {
         "a lone member is ready"
     );
 }
+
+/// `etcd-warden cluster restore --store … [extra]`; its stdout.
+fn cluster_restore(store: &str, extra: &[&str]) -> String {
+    let out = std::process::Command::new(WARDEN)
+        .args(["cluster", "restore", "--store", store])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cluster restore failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Three members up with `n` keys written and backed up; returns the wardens and the revision
+/// the store holds.
+fn cluster_with_backups(
+    etcd: &Path,
+    dir: &Path,
+    store: &str,
+    ips: &[String],
+    n: usize,
+) -> (Vec<Option<Warden>>, i64) {
+    let ctl = etcdctl_for(etcd);
+    let wardens = start_members(etcd, dir, store, ips, "m", "warden-rejoin");
+    let w = the_writer(&wardens);
+    wait_for("the writer's first full", START, || {
+        (wardens[w].as_ref().unwrap().status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    for i in 0..n {
+        etcdctl(
+            &ctl,
+            &ips[w],
+            &["put", &format!("q{i:04}"), &format!("value-{i}")],
+        )
+        .unwrap();
+    }
+    etcdctl(&ctl, &ips[w], &["del", "q0000"]).unwrap();
+    let rev = etcd_revision(&ctl, &ips[w]);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (wardens[w].as_ref().unwrap().status()["backup"]["backed_up_revision"].as_i64() >= Some(rev))
+            .then_some(())
+    });
+    (wardens, rev)
+}
+
+/// Every member of `ips` ready, three voters, and all at one revision with one HashKV; returns
+/// that revision and hash.
+fn one_cluster_again(ctl: &Path, wardens: &[Warden], ips: &[String]) -> (i64, u64) {
+    for w in wardens {
+        w.wait_ready(START);
+    }
+    let list = members(ctl, &ips[0]).unwrap();
+    assert_eq!(list.len(), 3, "{list:?}");
+    assert!(list.iter().all(|m| !m.learner), "{list:?}");
+    let revs: Vec<i64> = ips.iter().map(|ip| etcd_revision(ctl, ip)).collect();
+    assert!(
+        revs.iter().all(|r| *r == revs[0]),
+        "members at different revisions: {revs:?}"
+    );
+    let hashes: Vec<u64> = ips.iter().map(|ip| hashkv(ctl, ip, revs[0])).collect();
+    assert!(
+        hashes.iter().all(|h| *h == hashes[0]),
+        "members hash differently: {hashes:?}"
+    );
+    (revs[0], hashes[0])
+}
+
+/// All three data dirs lost: the wardens wait ("quorum lost", naming the command); one
+/// `cluster restore --bump-revision 1000000 --mark-compacted` brings the three members back at
+/// the backed-up revision plus the bump, equal everywhere, every key as it was, a watch from before
+/// the loss told "compacted"; the old chain stays listed and restorable, the new cluster starts its
+/// own chain with a full and takes over the prefix; a restart does not restore again.
+#[test]
+fn all_three_wiped_come_back_with_one_cluster_restore() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let (mut wardens, rev) = cluster_with_backups(&etcd, dir.path(), &store, &ips, 300);
+    let before = live_keys(&etcd, &ips[0], "q");
+    let old_id = cluster_id(&ctl, &ips[0]).unwrap();
+    for w in wardens.iter_mut().flatten() {
+        w.signal(Signal::SIGTERM);
+        w.wait_exit(START);
+    }
+    let old_fulls: Vec<_> = std::fs::read_dir(dir.path().join("store/v1/full"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    for i in 0..3 {
+        std::fs::remove_dir_all(data_dir(dir.path(), i)).unwrap();
+    }
+    let mut wardens: Vec<Warden> = (0..3)
+        .map(|i| member(&etcd, dir.path(), &store, &ips, i, &[]))
+        .collect();
+    for (i, w) in wardens.iter().enumerate() {
+        let body = wait_for(&format!("m{i} to say quorum lost"), START, || {
+            let (code, body) = w.get("/readyz")?;
+            (code == 503 && body.contains("quorum lost")).then_some(body)
+        });
+        assert!(body.contains("etcd-warden cluster restore --store"), "{body}");
+    }
+    let out = cluster_restore(&store, &["--bump-revision", "1000000", "--mark-compacted"]);
+    assert!(out.contains(&format!("to revision {rev}")), "{out}");
+    let restored_at = Instant::now();
+    let (now_rev, _) = one_cluster_again(&ctl, &wardens, &ips);
+    eprintln!(
+        "cluster restore -> three ready members: {:.2}s",
+        restored_at.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        now_rev,
+        rev + 1_000_000,
+        "not the backed-up revision plus the bump"
+    );
+    assert_eq!(
+        live_keys(&etcd, &ips[1], "q"),
+        before,
+        "keys differ from before the loss"
+    );
+    let value = etcdctl(&ctl, &ips[2], &["get", "q0123", "--print-value-only"]).unwrap();
+    assert_eq!(value.trim(), "value-123");
+    let new_id = cluster_id(&ctl, &ips[0]).unwrap();
+    assert_ne!(new_id, old_id, "the restored cluster kept the lost one's id");
+    // A watch from before the loss is told the history is compacted.
+    let watch = std::process::Command::new(&ctl)
+        .args([
+            "--endpoints",
+            &format!("http://{}:2379", ips[0]),
+            "watch",
+            "q",
+            "--prefix",
+            "--rev=5",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&watch.stdout),
+        String::from_utf8_lossy(&watch.stderr)
+    );
+    assert!(
+        said.contains("compacted"),
+        "an old watch was not told compacted: {said}"
+    );
+    // The new cluster writes its own chain (a full at the restored revision) under the prefix
+    // it took over; the old chain is still there and restorable.
+    let writer_i = wait_for("a writer in the restored cluster", START, || {
+        (0..3).find(|i| role(&wardens[*i]) == "writer")
+    });
+    wait_for("the new cluster's first full", START, || {
+        (wardens[writer_i].status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    let owner: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("store/v1/cluster.json")).unwrap()).unwrap();
+    assert_eq!(owner["cluster_id"].as_u64(), Some(new_id), "{owner}");
+    let fulls: Vec<_> = std::fs::read_dir(dir.path().join("store/v1/full"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    for f in &old_fulls {
+        assert!(fulls.contains(f), "the old chain's {f:?} is gone");
+    }
+    assert!(
+        fulls
+            .iter()
+            .any(|f| f.to_string_lossy().contains(&format!("{:020}", now_rev))),
+        "no full at the restored revision {now_rev}: {fulls:?}"
+    );
+    let old = dir.path().join("old-chain");
+    let out = std::process::Command::new(WARDEN)
+        .args([
+            "restore",
+            "--store",
+            &store,
+            "--to-revision",
+            &rev.to_string(),
+            "--data-dir",
+        ])
+        .arg(&old)
+        .arg("--etcd")
+        .arg(&etcd)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the old chain is not restorable: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A restarted member does not restore by the plan again.
+    let mut w = wardens.remove(1);
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    let w = member(&etcd, dir.path(), &store, &ips, 1, &[]);
+    w.wait_ready(START);
+    assert!(!w.log_text().contains("RESTORING"), "restored by the plan again");
+    assert!(
+        !std::fs::read_dir(dir.path()).unwrap().flatten().any(|e| e
+            .file_name()
+            .to_string_lossy()
+            .starts_with("m1.before-cluster-restore")),
+        "m1 moved its restored data aside"
+    );
+}
+
+/// Two data dirs lost, the third member intact and running without a leader: `cluster restore`
+/// (no bump) restores all three — the intact one too, its dir kept aside — to exactly the
+/// backed-up revision, with the HashKV the cluster had there before the loss.
+#[test]
+fn a_cluster_restore_reaches_the_exact_history_and_includes_the_intact_member() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let (mut wardens, rev) = cluster_with_backups(&etcd, dir.path(), &store, &ips, 200);
+    let hash_before = hashkv(&ctl, &ips[0], rev);
+    for w in wardens.iter_mut().flatten() {
+        w.signal(Signal::SIGTERM);
+        w.wait_exit(START);
+    }
+    for i in 1..3 {
+        std::fs::remove_dir_all(data_dir(dir.path(), i)).unwrap();
+    }
+    let wardens: Vec<Warden> = (0..3)
+        .map(|i| member(&etcd, dir.path(), &store, &ips, i, &[]))
+        .collect();
+    for (i, w) in wardens.iter().enumerate().skip(1) {
+        wait_for(&format!("m{i} to say quorum lost"), START, || {
+            let (code, body) = w.get("/readyz")?;
+            (code == 503 && body.contains("quorum lost")).then_some(())
+        });
+    }
+    wait_for("the intact member's etcd to run", START, || wardens[0].etcd_pid());
+    cluster_restore(&store, &[]);
+    let (now_rev, hash) = one_cluster_again(&ctl, &wardens, &ips);
+    assert_eq!(now_rev, rev, "not exactly the backed-up revision");
+    assert_eq!(
+        hash, hash_before,
+        "the restored history differs from the one before the loss"
+    );
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().flatten().any(|e| e
+            .file_name()
+            .to_string_lossy()
+            .starts_with("m0.before-cluster-restore")),
+        "the intact member's data was not kept aside"
+    );
+}

@@ -8,4 +8,5 @@ pub mod leadership;
 pub mod local;
 pub mod peers;
 pub mod promote;
+pub mod restore;
 pub mod startup;

@@ -24,6 +24,7 @@ use super::journal::Journal;
 use super::local::{self, LocalData};
 use super::peers::{self, ChangeError, Member, Survey};
 use crate::config::RunConfig;
+use crate::pid1::Reaper;
 use crate::restore::startup::Decision;
 
 /// `ETCD_WARDEN_FAILPOINT=<name>` makes the warden die right there, as a SIGKILL would: how the
@@ -131,14 +132,25 @@ fn existing_cluster(me: &Me, list: &[Member], cfg: &RunConfig) -> String {
     out.join(",")
 }
 
+fn join_existing(cluster: String) -> Vec<(String, String)> {
+    vec![
+        ("initial-cluster-state".into(), "existing".into()),
+        ("initial-cluster".into(), cluster),
+    ]
+}
+
 /// Decides how this member starts, repairing it through its peers when its data is lost.
 /// `status`: what holds this member back, for readiness and /status.
-pub async fn prepare(cfg: &RunConfig, status: &watch::Sender<Option<String>>) -> Result<Decision, String> {
+pub async fn prepare(
+    cfg: &RunConfig,
+    reaper: &Reaper,
+    status: &watch::Sender<Option<String>>,
+) -> Result<Decision, String> {
     let me = me(cfg)?;
     let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
     let data = cwd.join(&cfg.etcd.data_dir);
     loop {
-        match step(cfg, &me, &data, status).await? {
+        match step(cfg, reaper, &me, &data, status).await? {
             Some(d) => {
                 status.send_replace(None);
                 return Ok(d);
@@ -151,12 +163,48 @@ pub async fn prepare(cfg: &RunConfig, status: &watch::Sender<Option<String>>) ->
 /// One look at the member's state; `None`: wait and look again.
 async fn step(
     cfg: &RunConfig,
+    reaper: &Reaper,
     me: &Me,
     data: &Path,
     status: &watch::Sender<Option<String>>,
 ) -> Result<Option<Decision>, String> {
     let journal = Journal::load(data)?;
     let local = local::check(data);
+    let survey = peers::survey(&cfg.client, &me.others, &cfg.cluster_endpoints, &me.client_urls).await;
+    // A cluster restore plan for this member, while the cluster has no quorum (or forced).
+    if let Ok(store) = cfg.backup.open_store() {
+        let plan = match super::restore::pending_plan(&store, &me.name, data).await {
+            Ok(p) => p,
+            Err(e) if survey.quorum.is_none() => {
+                say(
+                    status,
+                    &format!("no quorum, and the store cannot be read for a restore plan ({e}): waiting"),
+                );
+                return Ok(None);
+            }
+            Err(_) => None,
+        };
+        // With quorum only when forced, or when that quorum is the plan's own new cluster: other
+        // members restored by it already, and this one must join them the same way.
+        let in_progress = match &plan {
+            Some(p) if survey.quorum.is_some() && !p.force => {
+                super::restore::others_done(&store, p, &me.name).await
+            }
+            _ => false,
+        };
+        if let Some(plan) = plan.filter(|p| survey.quorum.is_none() || p.force || in_progress) {
+            return match super::restore::apply(cfg, reaper, &store, data, &plan, status).await {
+                Ok(d) => Ok(Some(d)),
+                Err(e) => {
+                    say(
+                        status,
+                        &format!("cluster restore plan {}: {e}; retrying", plan.id),
+                    );
+                    Ok(None)
+                }
+            };
+        }
+    }
     if local == LocalData::Sound {
         // A repair that got as far as starting etcd resumes at the promotion; otherwise the data
         // is what etcd starts on.
@@ -167,7 +215,7 @@ async fn step(
                     "member data present and a repair journal: resuming the repair at the learner's promotion"
                 );
                 Decision::Join {
-                    initial_cluster: None,
+                    flags: Vec::new(),
                     learner: j.learner_id,
                     reason: "resuming a repair: the learner waits for its promotion".into(),
                 }
@@ -196,7 +244,6 @@ async fn step(
             return Ok(None);
         }
     }
-    let survey = peers::survey(&cfg.client, &me.others, &cfg.cluster_endpoints, &me.client_urls).await;
     let Some((list, voter)) = survey.quorum.clone() else {
         if let Some(j) = &journal {
             say(
@@ -259,7 +306,7 @@ async fn step(
                 "listed but never started: starting etcd `existing`"
             );
             Ok(Some(Decision::Join {
-                initial_cluster: Some(existing_cluster(me, &list, cfg)),
+                flags: join_existing(existing_cluster(me, &list, cfg)),
                 learner,
                 reason: format!("joined as listed member {:x}", m.id),
             }))
@@ -336,7 +383,7 @@ async fn step(
                         is_learner: true,
                     });
                     Ok(Some(Decision::Join {
-                        initial_cluster: Some(existing_cluster(me, &members, cfg)),
+                        flags: join_existing(existing_cluster(me, &members, cfg)),
                         learner: Some(id),
                         reason: format!("rejoined as learner {id:x}"),
                     }))
@@ -416,8 +463,9 @@ async fn no_quorum(
     say(
         status,
         &format!(
-            "quorum lost: this member's data is missing and no member answers with a leader, while {}; etcd is not started (a new cluster would fork the old one). Bring a majority of the members back, or restore every member from the store (docs/operations.md, \"Quorum loss\")",
-            evidence.join(" and ")
+            "quorum lost: this member's data is missing and no member answers with a leader, while {}; etcd is not started (a new cluster would fork the old one). Bring a majority of the members back, or restore the whole cluster from the store: etcd-warden cluster restore --store {}",
+            evidence.join(" and "),
+            cfg.store
         ),
     );
     Ok(None)

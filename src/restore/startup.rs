@@ -42,10 +42,11 @@ pub enum Decision {
         moved_aside: Option<PathBuf>,
         seconds: f64,
     },
-    /// A cluster member joins its peers' cluster (`--initial-cluster-state existing`, and this
-    /// `--initial-cluster` when `Some`); `learner`: it starts as that learner and waits to be promoted.
+    /// A cluster member starts with these etcd flags set (`--initial-cluster-state existing` and
+    /// the current members to join its peers; a restore plan's `new` cluster); `learner`: it
+    /// starts as that learner and waits to be promoted.
     Join {
-        initial_cluster: Option<String>,
+        flags: Vec<(String, String)>,
         learner: Option<u64>,
         reason: String,
     },
@@ -131,7 +132,7 @@ pub async fn prepare(
         // A member rejoins through its peers, never from the store (a lone restore would fork the
         // cluster).
         set(status, "asking the other members");
-        return crate::cluster::startup::prepare(cfg, member).await;
+        return crate::cluster::startup::prepare(cfg, reaper, member).await;
     }
     let empty = is_empty_dir(&data);
 

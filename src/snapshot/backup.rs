@@ -47,6 +47,8 @@ pub struct BackupConfig {
     /// etcd's `--initial-cluster` names more than one member: only the warden whose etcd is the
     /// raft leader (not a learner) writes to the store.
     pub cluster: bool,
+    /// etcd's data dir (absolute): where a cluster restore plan's marker sits beside it.
+    pub data_dir: std::path::PathBuf,
     /// This member's `--name`, for the head object.
     pub member_name: String,
 }
@@ -441,6 +443,25 @@ impl Backup {
                 return Err(());
             }
         };
+        // A cluster restored by the store's current plan takes over the record of the cluster it
+        // replaces (its own marker says it restored by that plan).
+        if owner.cluster_id != self.identity.cluster_id
+            && let Ok(Some(plan)) = store.current_plan().await
+            && plan.previous_cluster_id == owner.cluster_id
+            && crate::cluster::restore::marker(&self.cfg.data_dir).is_some_and(|m| m.plan == plan.id)
+        {
+            tracing::warn!(plan = %plan.id, previous = format!("{:x}", owner.cluster_id), now = format!("{:x}", self.identity.cluster_id), "this cluster was restored by the store's cluster restore plan: it takes over the prefix");
+            let ours = crate::store::owner::Owner {
+                claimed_by: format!("{} after cluster restore plan {}", ours.claimed_by, plan.id),
+                ..ours
+            };
+            if let Err(e) = store.put_owner(&ours).await {
+                self.failed("store", "claim", &e);
+                return Err(());
+            }
+            self.status.send_modify(|s| s.foreign_prefix = None);
+            return Ok(true);
+        }
         if owner.cluster_id != self.identity.cluster_id {
             let why = format!(
                 "the store prefix belongs to etcd cluster {:x} (claimed by {}), this is cluster {:x}: writing nothing there (point --store at this cluster's own prefix)",
@@ -652,10 +673,24 @@ impl Backup {
             return Ok(None);
         }
         // Membership or auth changed since that full (while no warden watched): a new full now.
-        let recorded = crate::store::format::read_header(store.inner.as_ref(), &newest.key())
+        let header = crate::store::format::read_header(store.inner.as_ref(), &newest.key())
             .await
-            .ok()
-            .and_then(|h| h.outside);
+            .ok();
+        // A cluster's chain is its own: after a cluster restore (a new cluster id) the first
+        // writer starts one with a full, never continuing the lost cluster's.
+        if self.cfg.cluster
+            && let Some(h) = &header
+            && h.cluster_id != 0
+            && h.cluster_id != self.identity.cluster_id
+        {
+            tracing::info!(
+                newest_full_cluster = format!("{:x}", h.cluster_id),
+                this_cluster = format!("{:x}", self.identity.cluster_id),
+                "the newest full snapshot is another cluster's: taking one"
+            );
+            return Ok(None);
+        }
+        let recorded = header.and_then(|h| h.outside);
         let now = outside::fingerprint(client, self.authenticated).await.ok();
         if let (Some(then), Some(now)) = (&recorded, &now)
             && then != now

@@ -6,6 +6,7 @@ pub mod format;
 pub mod head;
 pub mod layout;
 pub mod owner;
+pub mod plan;
 pub mod retention;
 pub mod url;
 

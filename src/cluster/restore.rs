@@ -1,0 +1,236 @@
+//! Quorum loss in one command. `etcd-warden cluster restore` writes a plan into the store (the
+//! exact full snapshot and revision, a new cluster token, the members — by default those the store
+//! recorded); every member's warden that finds it while its cluster has no quorum (or at start-up
+//! when the plan says `--force`) moves its data aside, restores that chain to that revision with
+//! its own name and peer URLs, starts etcd `new`, and records that it is done: all members come up
+//! at the same revision with the same history. A member restored by a plan never restores by it
+//! again (a marker beside its data dir, `<data-dir>.warden-plan.json`, and one in the store).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::config::RunConfig;
+use crate::pid1::Reaper;
+use crate::restore::startup::Decision;
+use crate::restore::{RestoreOptions, Target};
+use crate::store::Store;
+use crate::store::plan::{Plan, PlanDone, PlanMember};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Marker {
+    pub plan: String,
+    pub revision: i64,
+    pub at_ms: u64,
+}
+
+pub fn marker_path(data: &Path) -> PathBuf {
+    crate::restore::startup::beside(data, ".warden-plan.json")
+}
+
+/// The plan this member's data came from, if any.
+pub fn marker(data: &Path) -> Option<Marker> {
+    serde_json::from_slice(&std::fs::read(marker_path(data)).ok()?).ok()
+}
+
+/// The store's current plan, when it names this member and this member has not restored by it.
+pub async fn pending_plan(store: &Store, name: &str, data: &Path) -> Result<Option<Plan>, String> {
+    let err = |e: crate::store::StoreError| crate::telemetry::error_chain(&e);
+    let Some(plan) = store.current_plan().await.map_err(err)? else {
+        return Ok(None);
+    };
+    if !plan.members.iter().any(|m| m.name == name) {
+        return Ok(None);
+    }
+    if marker(data).is_some_and(|m| m.plan == plan.id) {
+        return Ok(None);
+    }
+    // Done once already (its data dir was lost since): it rejoins through its peers instead.
+    if store.plan_done(&plan.id, name).await.map_err(err)?.is_some() {
+        return Ok(None);
+    }
+    Ok(Some(plan))
+}
+
+/// Whether another member named by `plan` restored by it already (the plan is under way).
+pub async fn others_done(store: &Store, plan: &Plan, me: &str) -> bool {
+    for m in plan.members.iter().filter(|m| m.name != me) {
+        if let Ok(Some(_)) = store.plan_done(&plan.id, &m.name).await {
+            return true;
+        }
+    }
+    false
+}
+
+/// Restores this member by `plan`; the flags etcd starts with. `Err`: why not (retried).
+pub async fn apply(
+    cfg: &RunConfig,
+    reaper: &Reaper,
+    store: &Store,
+    data: &Path,
+    plan: &Plan,
+    status: &watch::Sender<Option<String>>,
+) -> Result<Decision, String> {
+    let name = &cfg.etcd.name;
+    let me = plan
+        .members
+        .iter()
+        .find(|m| &m.name == name)
+        .ok_or_else(|| format!("restore plan {} does not name member {name}", plan.id))?;
+    tracing::warn!(plan = %plan.id, full = %plan.full, revision = plan.target_revision, token = %plan.token, "RESTORING this member by the cluster restore plan");
+    status.send_replace(Some(format!(
+        "restoring by cluster restore plan {} (revision {})",
+        plan.id, plan.target_revision
+    )));
+    let mut moved = None;
+    if !crate::restore::execute::is_empty_dir(data) {
+        let to = crate::restore::startup::beside(data, &format!(".before-cluster-restore-{}", plan.id));
+        std::fs::rename(data, &to)
+            .map_err(|e| format!("move {} aside to {}: {e}", data.display(), to.display()))?;
+        tracing::warn!(from = %data.display(), to = %to.display(), "member data moved aside for the cluster restore (kept, not deleted)");
+        moved = Some(to);
+    }
+    let opts = RestoreOptions {
+        progress: crate::restore::execute::Progress::to(|_| {}),
+        data_dir: data.to_owned(),
+        etcd: cfg.launch.program.clone(),
+        tool: None,
+        name: name.clone(),
+        initial_cluster: Some(plan.initial_cluster()),
+        initial_advertise_peer_urls: Some(me.peer_urls.join(",")),
+        initial_cluster_token: Some(plan.token.clone()),
+        target: Target::Revision(plan.target_revision),
+        bump_revision: plan.bump_revision,
+    };
+    let put_back = |why: String| -> String {
+        if let Some(from) = &moved {
+            let failed =
+                crate::restore::startup::beside(data, &format!(".failed-cluster-restore-{}", plan.id));
+            let _ = std::fs::rename(data, &failed);
+            let _ = std::fs::rename(from, data);
+        }
+        why
+    };
+    let report = crate::restore::restore(store, &opts, reaper).await.map_err(|e| {
+        put_back(format!(
+            "restore by plan {}: {}",
+            plan.id,
+            crate::telemetry::error_chain(&e)
+        ))
+    })?;
+    // Every member must end at the plan's revision: the same committed history (a later full at
+    // that same revision, e.g. a final one, holds the same state as the plan's).
+    if report.backed_up_revision != plan.target_revision {
+        return Err(put_back(format!(
+            "restore by plan {} reached {} at revision {}, the plan says {} at {}: not starting a member that would differ from the others",
+            plan.id, report.full, report.backed_up_revision, plan.full, plan.target_revision
+        )));
+    }
+    let now = crate::store::layout::now_ms();
+    let mark = Marker {
+        plan: plan.id.clone(),
+        revision: report.backed_up_revision,
+        at_ms: now,
+    };
+    std::fs::write(
+        marker_path(data),
+        serde_json::to_vec_pretty(&mark).unwrap_or_default(),
+    )
+    .map_err(|e| format!("write {}: {e}", marker_path(data).display()))?;
+    let done = PlanDone {
+        member: name.clone(),
+        revision: report.backed_up_revision,
+        at_ms: now,
+    };
+    if let Err(e) = store.mark_plan_done(&plan.id, &done).await {
+        tracing::warn!(error = %crate::telemetry::error_chain(&e), "cannot record in the store that this member restored by the plan (the local marker keeps it from restoring again)");
+    }
+    tracing::info!(plan = %plan.id, revision = report.revision, backed_up_revision = report.backed_up_revision, seconds = report.seconds, "member restored by the cluster restore plan: starting etcd `new`");
+    Ok(Decision::Join {
+        flags: vec![
+            ("initial-cluster-state".into(), "new".into()),
+            ("initial-cluster".into(), plan.initial_cluster()),
+            ("initial-cluster-token".into(), plan.token.clone()),
+        ],
+        learner: None,
+        reason: format!("restored by cluster restore plan {}", plan.id),
+    })
+}
+
+/// What `cluster restore` was asked.
+pub struct PlanRequest {
+    pub target: Target,
+    pub bump_revision: u64,
+    /// `name=peer-url,...`; `None`: the member list the store recorded.
+    pub initial_cluster: Option<String>,
+    pub force: bool,
+}
+
+/// Writes the plan for `req` into `store`; the plan, or why not.
+pub async fn write_plan(store: &Store, req: &PlanRequest) -> Result<Plan, String> {
+    let err = |e: crate::store::StoreError| crate::telemetry::error_chain(&e);
+    let owner = store.get_owner().await.map_err(err)?;
+    let members: Vec<PlanMember> = match (&req.initial_cluster, &owner) {
+        (Some(c), _) => {
+            let mut out: Vec<PlanMember> = Vec::new();
+            for entry in c.split(',').filter(|e| !e.trim().is_empty()) {
+                let (n, u) = entry
+                    .split_once('=')
+                    .ok_or_else(|| format!("--initial-cluster entry {entry:?} is not name=peer-url"))?;
+                match out.iter_mut().find(|m| m.name == n.trim()) {
+                    Some(m) => m.peer_urls.push(u.trim().to_owned()),
+                    None => out.push(PlanMember {
+                        name: n.trim().to_owned(),
+                        peer_urls: vec![u.trim().to_owned()],
+                    }),
+                }
+            }
+            out
+        }
+        (None, Some(o)) => o
+            .members
+            .iter()
+            .filter(|m| !m.is_learner && !m.name.is_empty())
+            .map(|m| PlanMember {
+                name: m.name.clone(),
+                peer_urls: m.peer_urls.clone(),
+            })
+            .collect(),
+        (None, None) => {
+            return Err("the store records no cluster at this prefix: give the members with --initial-cluster name=peer-url,...".into());
+        }
+    };
+    if members.is_empty() {
+        return Err("no members to restore (the store's record lists none): give --initial-cluster".into());
+    }
+    let (fulls, chains) = store.catalog().await.map_err(err)?;
+    let candidates = crate::restore::plan::candidates(
+        &fulls,
+        &|c| chains.get(&c).cloned().unwrap_or_default(),
+        req.target,
+    );
+    let chosen = candidates
+        .first()
+        .ok_or_else(|| format!("the store has no backup for {:?}", req.target))?;
+    let now = crate::store::layout::now_ms();
+    let id = crate::store::layout::format_time(now);
+    let plan = Plan {
+        format: 1,
+        id: id.clone(),
+        created_ms: now,
+        full: chosen.full.key(),
+        target_revision: chosen.target_revision,
+        bump_revision: req.bump_revision,
+        token: format!("etcd-warden-restore-{id}").to_lowercase(),
+        members,
+        previous_cluster_id: owner.map(|o| o.cluster_id).unwrap_or(0),
+        force: req.force,
+    };
+    if !store.put_plan(&plan).await.map_err(err)? {
+        return Err(format!(
+            "a plan with id {id} exists already; run the command again"
+        ));
+    }
+    Ok(plan)
+}

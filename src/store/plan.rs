@@ -1,0 +1,94 @@
+//! A cluster restore plan (`etcd-warden cluster restore`), for a cluster that lost quorum:
+//! `v1/cluster-restore/<id>.json` (written create-if-absent), `v1/cluster-restore/current.json`
+//! (the newest plan, read with one GET — never a listing), and one
+//! `v1/cluster-restore/<id>.done-<member>.json` per member that restored by it.
+
+use serde::{Deserialize, Serialize};
+
+use super::layout::VERSION_DIR;
+use super::{Store, StoreError};
+
+fn dir() -> String {
+    format!("{VERSION_DIR}/cluster-restore")
+}
+
+pub fn key(id: &str) -> String {
+    format!("{}/{id}.json", dir())
+}
+
+fn current() -> String {
+    format!("{}/current.json", dir())
+}
+
+fn done_key(id: &str, member: &str) -> String {
+    format!("{}/{id}.done-{member}.json", dir())
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanMember {
+    pub name: String,
+    pub peer_urls: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub format: u32,
+    pub id: String,
+    pub created_ms: u64,
+    /// The full snapshot every member restores from, and the exact revision it ends at.
+    pub full: String,
+    pub target_revision: i64,
+    /// Raise the restored revision by this much and mark everything up to it compacted (0: off).
+    pub bump_revision: u64,
+    /// The new cluster's `--initial-cluster-token`: a cluster distinct from the lost one.
+    pub token: String,
+    pub members: Vec<PlanMember>,
+    /// The cluster that owned the prefix; its record passes to the restored cluster.
+    pub previous_cluster_id: u64,
+    /// Members apply it even while their cluster has quorum.
+    pub force: bool,
+}
+
+impl Plan {
+    /// `--initial-cluster` of the restored cluster.
+    pub fn initial_cluster(&self) -> String {
+        self.members
+            .iter()
+            .flat_map(|m| m.peer_urls.iter().map(move |u| format!("{}={u}", m.name)))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanDone {
+    pub member: String,
+    pub revision: i64,
+    pub at_ms: u64,
+}
+
+impl Store {
+    /// Writes `plan` (create-if-absent) and points `current.json` at it; `false` when a plan with
+    /// that id exists already.
+    pub async fn put_plan(&self, plan: &Plan) -> Result<bool, StoreError> {
+        if !self.put_json(&key(&plan.id), plan, true).await? {
+            return Ok(false);
+        }
+        self.put_json(&current(), plan, false).await?;
+        Ok(true)
+    }
+
+    pub async fn current_plan(&self) -> Result<Option<Plan>, StoreError> {
+        self.get_json(&current()).await
+    }
+
+    pub async fn mark_plan_done(&self, id: &str, done: &PlanDone) -> Result<(), StoreError> {
+        self.put_json(&done_key(id, &done.member), done, false)
+            .await
+            .map(drop)
+    }
+
+    pub async fn plan_done(&self, id: &str, member: &str) -> Result<Option<PlanDone>, StoreError> {
+        self.get_json(&done_key(id, member)).await
+    }
+}
