@@ -642,3 +642,66 @@ fn a_cluster_restore_reaches_the_exact_history_and_includes_the_intact_member() 
         "the intact member's data was not kept aside"
     );
 }
+
+/// Five members, two followers' data dirs wiped at once: both rejoin — one learner at a time, as
+/// etcd 3.4/3.5 allow (the second waits for the first's promotion) — with quorum held throughout.
+#[test]
+fn five_members_with_two_dirs_wiped_at_once_rejoin_one_learner_at_a_time() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..5).map(|_| unique_ip()).collect();
+    let mut wardens = start_members(&etcd, dir.path(), &store, &ips, "m", "warden-rejoin");
+    let writer_i = the_writer(&wardens);
+    let victims = [(writer_i + 1) % 5, (writer_i + 2) % 5];
+    let old: Vec<u64> = member_ids(&ctl, &ips[writer_i])
+        .into_iter()
+        .filter(|(n, _)| victims.iter().any(|v| *n == format!("m{v}")))
+        .map(|(_, id)| id)
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = timed_writer(ips[writer_i].clone(), stop.clone());
+    std::thread::sleep(Duration::from_millis(500));
+    for v in victims {
+        let pid = wardens[v].as_ref().unwrap().etcd_pid().unwrap();
+        std::fs::remove_dir_all(data_dir(dir.path(), v)).unwrap();
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    }
+    let lost_at = Instant::now();
+    let mut most_learners = 0;
+    let done = wait_for(
+        "both wiped members to be voters again",
+        Duration::from_secs(120),
+        || {
+            let list = members(&ctl, &ips[writer_i])?;
+            most_learners = most_learners.max(list.iter().filter(|m| m.learner).count());
+            let back = victims.iter().all(|v| {
+                list.iter()
+                    .any(|m| m.name == format!("m{v}") && !m.learner && !old.contains(&m.id))
+            });
+            (back && list.len() == 5).then_some(list)
+        },
+    );
+    eprintln!(
+        "two of five wiped -> both promoted: {:.2}s, at most {most_learners} learner at once",
+        lost_at.elapsed().as_secs_f64()
+    );
+    assert!(most_learners <= 1, "two learners at once");
+    assert!(done.iter().all(|m| !m.learner), "{done:?}");
+    stop.store(true, Ordering::SeqCst);
+    let (acked, longest) = writes.join().unwrap();
+    assert!(acked.len() > 20, "too few writes: {}", acked.len());
+    assert!(
+        longest < Duration::from_secs(2),
+        "writes failed for {longest:?}: quorum was lost"
+    );
+    for v in victims {
+        wardens[v].as_ref().unwrap().wait_ready(START);
+        same_history(&ctl, &ips[v], &ips[writer_i], &format!("m{v}"));
+    }
+    for w in wardens.iter_mut().flatten() {
+        w.signal(Signal::SIGTERM);
+        w.wait_exit(START);
+    }
+}
