@@ -687,6 +687,11 @@ fn five_members_with_two_dirs_wiped_at_once_rejoin_one_learner_at_a_time() {
         "two of five wiped -> both promoted: {:.2}s, at most {most_learners} learner at once",
         lost_at.elapsed().as_secs_f64()
     );
+    for v in victims {
+        for l in wardens[v].as_ref().unwrap().log_text().lines().filter(|l| l.contains("learner")) {
+            eprintln!("m{v}: {l}");
+        }
+    }
     assert!(most_learners <= 1, "two learners at once");
     assert!(done.iter().all(|m| !m.learner), "{done:?}");
     stop.store(true, Ordering::SeqCst);
