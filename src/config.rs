@@ -112,6 +112,14 @@ pub struct CtlArgs {
 pub enum CtlCommand {
     /// Print the warden's /status (JSON).
     Status,
+    /// This member leaves its cluster for good: leadership moves away, the member is removed, etcd
+    /// stops, its data dir is moved aside, and the warden exits (a restart waits, never rejoining
+    /// with the removed WAL).
+    Leave {
+        /// Give up waiting for the warden to finish after this long.
+        #[arg(long, default_value = "2m", value_parser = parse_duration_arg)]
+        timeout: Duration,
+    },
     /// Ask for a snapshot now (full = SIGUSR1, delta = SIGUSR2).
     Snapshot {
         #[arg(value_enum)]

@@ -1,5 +1,6 @@
 //! `etcd-warden ctl`: the admin socket's client. `status` prints /status; `snapshot full|delta`
-//! asks for a snapshot and, with `--wait`, follows /status until it is in the store.
+//! asks for a snapshot and, with `--wait`, follows /status until it is in the store; `leave`
+//! takes this member out of its cluster.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -56,6 +57,7 @@ pub async fn ctl(args: CtlArgs) -> i32 {
             .await
             .map(|s| println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default())),
         CtlCommand::Snapshot { kind, wait, timeout } => snapshot(socket, kind, wait, timeout).await,
+        CtlCommand::Leave { timeout } => leave(socket, timeout).await,
     };
     match result {
         Ok(()) => 0,
@@ -64,6 +66,39 @@ pub async fn ctl(args: CtlArgs) -> i32 {
             1
         }
     }
+}
+
+/// Asks the warden to leave its cluster and waits until it has (it exits: its socket is gone).
+async fn leave(socket: &Path, timeout: Duration) -> Result<(), String> {
+    let (code, body) = request(socket, Method::POST, "/cluster/leave").await?;
+    if code != 202 {
+        return Err(format!("/cluster/leave answered {code}: {}", body.trim()));
+    }
+    let started = Instant::now();
+    let deadline = started + timeout;
+    let mut seen = false;
+    while Instant::now() < deadline {
+        match status(socket).await {
+            Err(_) => {
+                println!("left the cluster: the warden stopped etcd, moved its data aside and exited");
+                return Ok(());
+            }
+            Ok(s) => {
+                let leaving = !s["member"]["holding_back"].is_null() || s["phase"] == "stopping";
+                seen |= leaving;
+                if !leaving && (seen || started.elapsed() > Duration::from_secs(5)) {
+                    return Err(
+                        "the member could not leave (see the warden's log); it stays in the cluster".into(),
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    Err(format!(
+        "the warden had not left after {}",
+        humantime::format_duration(timeout)
+    ))
 }
 
 async fn snapshot(socket: &Path, kind: SnapshotKind, wait: bool, timeout: Duration) -> Result<(), String> {

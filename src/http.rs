@@ -7,6 +7,7 @@
 //!     GET  /metrics         Prometheus text exposition
 //!     POST /snapshot/full   request a full snapshot (as SIGUSR1)       202
 //!     POST /snapshot/delta  request a delta flush (as SIGUSR2)         202
+//!     POST /cluster/leave   this member leaves its cluster (admin socket only)  202
 //!
 //! The POSTs are served on the admin socket, and over TCP only with `Authorization: Bearer <token>`
 //! matching `--admin-token-file` (401 without it, 403 with a wrong one or when no token file is
@@ -77,6 +78,8 @@ pub struct Actions {
     pub backup: BackupHandle,
     /// `--admin-token-file`, read at each request (so a rotated token applies at once).
     pub token_file: Option<PathBuf>,
+    /// `POST /cluster/leave` (admin socket only): the run loop makes this member leave.
+    pub leave: tokio::sync::mpsc::Sender<()>,
 }
 
 /// Serves TCP connections until cancelled.
@@ -247,6 +250,19 @@ fn authorize(req: &Request<Incoming>, actions: &Actions) -> Result<(), Refusal> 
 }
 
 fn post(req: &Request<Incoming>, actions: &Actions, access: Access) -> Response<Full<Bytes>> {
+    if req.uri().path() == "/cluster/leave" {
+        // Removing a member from its cluster is never offered over the network.
+        if access == Access::Network {
+            return text(
+                StatusCode::FORBIDDEN,
+                "POST /cluster/leave is served on the admin socket only\n",
+                PLAIN,
+            );
+        }
+        let queued = actions.leave.try_send(()).is_ok();
+        tracing::warn!(queued, "leave requested over the admin socket");
+        return text(StatusCode::ACCEPTED, "{\"leaving\": true}\n", "application/json");
+    }
     let kind = match req.uri().path() {
         "/snapshot/full" => "full",
         "/snapshot/delta" => "delta",

@@ -103,6 +103,7 @@ pub async fn run(
     );
 
     let (defrag_tx, defrag_rx) = watch::channel(false);
+    let (leave_tx, leave_rx) = mpsc::channel(1);
     let (backup, backup_handle) = Backup::new(
         config.backup.clone(),
         backup_tx,
@@ -113,6 +114,7 @@ pub async fn run(
     let actions = Arc::new(crate::http::Actions {
         backup: backup_handle.clone(),
         token_file: config.admin_token_file.clone(),
+        leave: leave_tx,
     });
     tracker.spawn(crate::http::serve(
         listener,
@@ -190,6 +192,7 @@ pub async fn run(
         restores: restores_tx,
         member: member_tx,
         promote: None,
+        leave: leave_rx,
         ownership: ownership_rx,
         recheck,
         hurry: false,
@@ -219,6 +222,8 @@ struct Terms {
     member: watch::Sender<Option<String>>,
     /// A repaired member's learner promotion, while it runs.
     promote: Option<JoinHandle<()>>,
+    /// `ctl leave` requests.
+    leave: mpsc::Receiver<()>,
     ownership: watch::Receiver<OwnershipStatus>,
     recheck: Arc<Notify>,
     /// A second stop signal came: exit without the tail upload.
@@ -512,6 +517,49 @@ impl Terms {
         }
     }
 
+    /// `ctl leave`: remove this member (moving leadership away first), then hold etcd down, move
+    /// its data aside and leave the marker that keeps a restart from rejoining with that WAL.
+    /// `Some(0)` once left (the warden exits); `None` when it could not leave (logged; etcd runs on).
+    async fn leave_cluster(&mut self) -> Option<ExitStatus> {
+        self.member.send_replace(Some("leaving the cluster".into()));
+        let id = match crate::cluster::leave::leave(&self.config.client).await {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot leave the cluster; this member stays");
+                self.member.send_replace(None);
+                return None;
+            }
+        };
+        self.stopping.send_replace(true);
+        let (tx, killed) = tokio::sync::oneshot::channel();
+        let _ = self.requests.send(Request::Fence(tx)).await;
+        let _ = killed.await;
+        let data = std::env::current_dir()
+            .unwrap_or_else(|_| "/".into())
+            .join(&self.config.etcd.data_dir);
+        let to = crate::restore::startup::beside(
+            &data,
+            &format!(
+                ".left-{}",
+                crate::store::layout::format_time(crate::store::layout::now_ms())
+            ),
+        );
+        let moved = std::fs::rename(&data, &to).ok().map(|()| to);
+        let left = crate::cluster::leave::Left {
+            member_id: id,
+            at_ms: crate::store::layout::now_ms(),
+            moved_to: moved.clone(),
+        };
+        if let Err(e) = std::fs::write(
+            crate::cluster::leave::marker_path(&data),
+            serde_json::to_vec_pretty(&left).unwrap_or_default(),
+        ) {
+            tracing::error!(error = %e, "cannot write the left-the-cluster marker");
+        }
+        tracing::warn!(member = format!("{id:x}"), data_moved_to = ?moved, "this member left the cluster; the warden exits");
+        Some(ExitStatus::Code(0))
+    }
+
     /// etcd runs until a stop signal ends it or ownership is lost.
     async fn serve(&mut self) -> Served {
         let mut child = self.shared.child.clone();
@@ -572,6 +620,11 @@ impl Terms {
                     }
                 }
                 done = &mut self.supervisor => return Served::Exit(done.unwrap_or(ExitStatus::Code(1))),
+                Some(()) = self.leave.recv() => {
+                    if let Some(status) = self.leave_cluster().await {
+                        return Served::Exit(status);
+                    }
+                }
                 Some(ev) = self.signals.recv() => {
                     let Some(sig) = self.on_signal(ev) else { continue };
                     if *self.stopping.borrow() {

@@ -688,7 +688,13 @@ fn five_members_with_two_dirs_wiped_at_once_rejoin_one_learner_at_a_time() {
         lost_at.elapsed().as_secs_f64()
     );
     for v in victims {
-        for l in wardens[v].as_ref().unwrap().log_text().lines().filter(|l| l.contains("learner")) {
+        for l in wardens[v]
+            .as_ref()
+            .unwrap()
+            .log_text()
+            .lines()
+            .filter(|l| l.contains("learner"))
+        {
             eprintln!("m{v}: {l}");
         }
     }
@@ -709,4 +715,136 @@ fn five_members_with_two_dirs_wiped_at_once_rejoin_one_learner_at_a_time() {
         w.signal(Signal::SIGTERM);
         w.wait_exit(START);
     }
+}
+
+/// Scale 1 → 3 under writes (each new member's warden adds it as a learner through the first one,
+/// which then writes as the cluster's one writer or hands over) and back to 1 with `ctl leave`:
+/// every acknowledged write in the store, the chain verifies, a left member never rejoins.
+#[test]
+fn scale_one_to_three_and_back_with_ctl_leave() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let socket = |i: usize| dir.path().join(format!("admin{i}.sock"));
+    let start = |i: usize| {
+        let argv = member_args_token(&etcd, &ips[..=i], i, &data_dir(dir.path(), i), "warden-scale");
+        let sock = socket(i).display().to_string();
+        let opts = [
+            "--store",
+            store.as_str(),
+            "--delta-snapshot-period",
+            "200ms",
+            "--admin-socket",
+            sock.as_str(),
+        ];
+        Warden::builder(&ips[i], &opts, &argv).spawn()
+    };
+    let m0 = start(0);
+    m0.wait_ready(START);
+    wait_for("the single member's first full", START, || {
+        (m0.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = timed_writer(ips[0].clone(), stop.clone());
+    let mut wardens = vec![Some(m0)];
+    for i in 1..3 {
+        let w = start(i);
+        wait_for(&format!("m{i} to be a voter"), START, || {
+            let list = members(&ctl, &ips[0])?;
+            (list.len() == i + 1 && list.iter().all(|m| !m.learner && !m.name.is_empty())).then_some(())
+        });
+        w.wait_ready(START);
+        wardens.push(Some(w));
+    }
+    let writer_i = the_writer(&wardens);
+    eprintln!("scaled to three; m{writer_i} writes");
+    // Back to one: m2 (made the leader first, so its leave moves leadership away), then m1.
+    let m2_id = members(&ctl, &ips[0])
+        .unwrap()
+        .into_iter()
+        .find(|m| m.name == "m2")
+        .unwrap()
+        .id;
+    let all = ips
+        .iter()
+        .map(|ip| format!("http://{ip}:2379"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let moved = std::process::Command::new(&ctl)
+        .args(["--endpoints", &all, "move-leader", &format!("{m2_id:x}")])
+        .output()
+        .unwrap();
+    assert!(
+        moved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&moved.stderr)
+    );
+    wait_for("m2's warden to write", START, || {
+        (role(wardens[2].as_ref().unwrap()) == "writer").then_some(())
+    });
+    for i in [2, 1] {
+        let out = std::process::Command::new(WARDEN)
+            .args(["ctl", "--admin-socket"])
+            .arg(socket(i))
+            .arg("leave")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ctl leave m{i}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut w = wardens[i].take().unwrap();
+        assert_eq!(
+            w.wait_exit(START),
+            0,
+            "m{i}'s warden did not exit cleanly after leaving"
+        );
+        let list = members(&ctl, &ips[0]).unwrap();
+        assert_eq!(list.len(), i, "m{i} still listed: {list:?}");
+        assert!(crate_left_marker(dir.path(), i), "no left marker for m{i}");
+    }
+    let the_one = wait_for("m0 to write alone", START, || {
+        (role(wardens[0].as_ref().unwrap()) == "writer").then_some(())
+    });
+    let _ = the_one;
+    stop.store(true, Ordering::SeqCst);
+    let (acked, longest) = writes.join().unwrap();
+    eprintln!(
+        "{} writes acknowledged, longest without one {longest:?}",
+        acked.len()
+    );
+    // A left member's restart waits, never rejoining with the removed WAL.
+    let again = start(2);
+    let body = wait_for("the left member's restart to wait", START, || {
+        let (code, body) = again.get("/readyz")?;
+        (code == 503 && body.contains("left its cluster")).then_some(body)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(again.etcd_pid(), None, "{body}");
+    assert_eq!(members(&ctl, &ips[0]).unwrap().len(), 1);
+    drop(again);
+    let w = wardens[0].as_ref().unwrap();
+    let rev = etcd_revision(&ctl, &ips[0]);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
+    });
+    let verify = std::process::Command::new(WARDEN)
+        .args(["backups", "verify", "--store", &store])
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+    let (found, _) = keys_after_restore(&etcd, &store, &[], "r");
+    assert_none_lost(&acked, &found, "restore after scaling 1 -> 3 -> 1");
+}
+
+fn crate_left_marker(dir: &Path, i: usize) -> bool {
+    dir.join(format!("m{i}.warden-left.json")).exists()
 }

@@ -60,3 +60,12 @@ pub async fn promote_caught_up_learners(client: &mut Client) {
         }
     }
 }
+
+/// How many members etcd's member list names (learners too); `None` when etcd does not answer.
+pub async fn member_count(client: &mut Client) -> Option<usize> {
+    let list = tokio::time::timeout(LEADERSHIP_CHECK, client.member_list())
+        .await
+        .ok()?
+        .ok()?;
+    Some(list.members().len())
+}

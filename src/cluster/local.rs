@@ -42,3 +42,13 @@ pub fn check(data: &Path) -> LocalData {
         Err(e) => LocalData::Broken(format!("{}: {e}", db.display())),
     }
 }
+
+/// How many members the data dir's own membership names (etcd's `members` bucket), read without
+/// starting etcd; `None` when there is no readable db.
+pub fn member_count(data: &Path) -> Option<usize> {
+    let db = BoltFile::open(&data.join("member").join("snap").join("db")).ok()?;
+    let root = db.root_items().ok()?;
+    let (_, _, v) = root.iter().find(|(_, k, _)| k.as_slice() == b"members")?;
+    let bucket = crate::restore::bolt::BucketValue::parse(v).ok()?;
+    Some(db.bucket_items(&bucket).ok()?.len())
+}

@@ -5,6 +5,7 @@
 
 pub mod journal;
 pub mod leadership;
+pub mod leave;
 pub mod local;
 pub mod peers;
 pub mod promote;

@@ -128,6 +128,23 @@ pub async fn prepare(
         .as_deref()
         .map(|c| c.split(',').filter(|s| !s.trim().is_empty()).count())
         .unwrap_or(1);
+    // This member left its cluster (`ctl leave`): a restart never rejoins with that WAL.
+    if let Some(left) = crate::cluster::leave::marker(&data) {
+        let why = format!(
+            "this member left its cluster (member {:x}, `ctl leave`); remove {} to start it again as a new member",
+            left.member_id,
+            crate::cluster::leave::marker_path(&data).display()
+        );
+        tracing::warn!("{why}");
+        member.send_replace(Some(why));
+        while crate::cluster::leave::marker(&data).is_some() {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        member.send_replace(None);
+    }
+    // A data dir of a cluster (members added at run time to what was started as one) is a
+    // cluster member's, whatever the flags say: a lone restore would fork it.
+    let members = members.max(crate::cluster::local::member_count(&data).unwrap_or(0));
     if members > 1 {
         // A member rejoins through its peers, never from the store (a lone restore would fork the
         // cluster).

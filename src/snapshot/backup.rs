@@ -345,6 +345,16 @@ impl Backup {
                     continue;
                 }
             };
+            if !self.cfg.cluster
+                && crate::cluster::leadership::member_count(&mut client)
+                    .await
+                    .is_some_and(|n| n > 1)
+            {
+                tracing::info!(
+                    "etcd's member list has several members: cluster mode (only the leader's warden writes)"
+                );
+                self.cfg.cluster = true;
+            }
             if self.cfg.cluster {
                 match self.wait_leadership(&mut client).await {
                     Leadership::Leader => {}
@@ -1062,7 +1072,18 @@ impl Backup {
                     next_full = self.next_full_at();
                     if let Some(o) = self.full_during_stream(client, store, &mut buf).await { return o; }
                 }
-                _ = leadership.tick(), if self.cfg.cluster => {
+                _ = leadership.tick() => {
+                    if !self.cfg.cluster {
+                        // Scaled up at run time (members added to a single member): one writer
+                        // from now on, the leader's warden.
+                        if crate::cluster::leadership::member_count(client).await.is_some_and(|n| n > 1) {
+                            tracing::info!("etcd's member list now has several members: cluster mode (only the leader's warden writes)");
+                            self.flush(store, &mut buf).await;
+                            self.cfg.cluster = true;
+                            return Outcome::Reconnect;
+                        }
+                        continue;
+                    }
                     let now = leads(client).await;
                     if let Some(Ok(me)) = now {
                         self.identity = me;
