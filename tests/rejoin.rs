@@ -805,12 +805,11 @@ fn scale_one_to_three_and_back_with_ctl_leave() {
         );
         let list = members(&ctl, &ips[0]).unwrap();
         assert_eq!(list.len(), i, "m{i} still listed: {list:?}");
-        assert!(crate_left_marker(dir.path(), i), "no left marker for m{i}");
+        assert!(left_marker(dir.path(), i), "no left marker for m{i}");
     }
-    let the_one = wait_for("m0 to write alone", START, || {
+    wait_for("m0 to write alone", START, || {
         (role(wardens[0].as_ref().unwrap()) == "writer").then_some(())
     });
-    let _ = the_one;
     stop.store(true, Ordering::SeqCst);
     let (acked, longest) = writes.join().unwrap();
     eprintln!(
@@ -845,6 +844,6 @@ fn scale_one_to_three_and_back_with_ctl_leave() {
     assert_none_lost(&acked, &found, "restore after scaling 1 -> 3 -> 1");
 }
 
-fn crate_left_marker(dir: &Path, i: usize) -> bool {
+fn left_marker(dir: &Path, i: usize) -> bool {
     dir.join(format!("m{i}.warden-left.json")).exists()
 }
