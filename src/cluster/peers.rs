@@ -240,3 +240,17 @@ pub async fn promote(client: &ClientConfig, endpoint: &str, id: u64) -> Result<(
     let mut c = connect(client, endpoint).await.map_err(ChangeError::Other)?;
     c.member_promote(id).await.map(drop).map_err(change_error)
 }
+
+/// Gives member `id` these peer URLs (etcd's member update).
+pub async fn update(
+    client: &ClientConfig,
+    endpoint: &str,
+    id: u64,
+    peer_urls: &[String],
+) -> Result<(), ChangeError> {
+    let mut c = connect(client, endpoint).await.map_err(ChangeError::Other)?;
+    c.member_update(id, peer_urls.to_vec())
+        .await
+        .map(drop)
+        .map_err(change_error)
+}

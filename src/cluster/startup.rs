@@ -205,6 +205,33 @@ async fn step(
             };
         }
     }
+    if local == LocalData::Sound
+        && let Some((list, voter)) = &survey.quorum
+        && let Some(m) = list.iter().find(|m| m.name == me.name && m.started())
+        && !m.peer_urls.iter().all(|u| {
+            me.peer_urls
+                .iter()
+                .any(|o| o.trim_end_matches('/') == u.trim_end_matches('/'))
+        })
+    {
+        // Our flags advertise other peer URLs than the cluster has for us: tell the cluster
+        // (through a voter) before etcd starts, so the peers dial the new address.
+        match peers::update(&cfg.client, voter, m.id, &me.peer_urls).await {
+            Ok(()) => {
+                tracing::warn!(member = format!("{:x}", m.id), from = ?m.peer_urls, to = ?me.peer_urls, "this member's peer URLs changed: updated through a peer")
+            }
+            Err(e) => {
+                say(
+                    status,
+                    &format!(
+                        "updating this member's peer URLs from {:?} to {:?} failed ({e:?}); retrying",
+                        m.peer_urls, me.peer_urls
+                    ),
+                );
+                return Ok(None);
+            }
+        }
+    }
     if local == LocalData::Sound {
         // A repair that got as far as starting etcd resumes at the promotion; otherwise the data
         // is what etcd starts on.
