@@ -462,11 +462,23 @@ async fn no_quorum(
     }
     match cfg.backup.open_store() {
         Ok(store) => match store.get_owner().await {
-            Ok(Some(o)) => evidence.push(format!(
-                "the store records cluster {:x} (claimed by {})",
-                o.cluster_id, o.claimed_by
-            )),
-            Ok(None) => {}
+            // Evidence only when the record is this member's cluster's (it lists our peer URL): a
+            // prefix another cluster claimed says nothing about ours (that one writes nothing there).
+            Ok(Some(o))
+                if o.members.iter().any(|m| {
+                    m.peer_urls.iter().any(|u| {
+                        me.peer_urls
+                            .iter()
+                            .any(|p| p.trim_end_matches('/') == u.trim_end_matches('/'))
+                    })
+                }) =>
+            {
+                evidence.push(format!(
+                    "the store records cluster {:x} (claimed by {})",
+                    o.cluster_id, o.claimed_by
+                ));
+            }
+            Ok(_) => {}
             Err(e) => {
                 say(
                     status,
