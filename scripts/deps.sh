@@ -173,6 +173,19 @@ need_podman() {
     fi
 }
 
+# The cluster partition test: iptables (with its cgroup match) inside a network namespace of the
+# test's own (unshare from util-linux, ip from iproute2; both in the base image).
+need_netns() {
+    local missing=()
+    command -v iptables >/dev/null || missing+=(iptables)
+    command -v ip >/dev/null || missing+=(iproute2)
+    if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+    command -v iptables >/dev/null || die "iptables still missing after installing it"
+    command -v unshare >/dev/null || die "unshare (util-linux) not found: the partition test needs a network namespace"
+    [ -e /sys/fs/cgroup/unified/cgroup.procs ] || [ -e /sys/fs/cgroup/cgroup.procs ] \
+        || die "no cgroup v2 hierarchy at /sys/fs/cgroup/unified or /sys/fs/cgroup: the partition test tells members apart by cgroup"
+}
+
 need_age() {
     command -v age >/dev/null && command -v age-keygen >/dev/null || apt_install age
     command -v age-keygen >/dev/null || die "age-keygen still missing after installing age"
