@@ -225,9 +225,28 @@ async fn verify_cmd(url: &str, as_json: bool, keys: Keys) -> i32 {
     }
 }
 
+/// `--to-revision` / `--to-time` as a restore target; exit 64 (said on stderr) for bad input.
+fn target_of(to_revision: Option<i64>, to_time: Option<&str>) -> Result<crate::restore::Target, i32> {
+    use crate::restore::Target;
+    match (to_revision, to_time) {
+        (Some(r), _) if r < 1 => {
+            eprintln!("etcd-warden: --to-revision {r}: revisions start at 1");
+            Err(EX_USAGE)
+        }
+        (Some(r), _) => Ok(Target::Revision(r)),
+        (None, Some(t)) => match crate::restore::execute::parse_time(t) {
+            Ok(ms) => Ok(Target::Time(ms)),
+            Err(e) => {
+                eprintln!("etcd-warden: --to-time {e}");
+                Err(EX_USAGE)
+            }
+        },
+        (None, None) => Ok(Target::Latest),
+    }
+}
+
 /// `cluster restore`: writes the plan every member's warden restores by.
 pub async fn cluster_restore(args: crate::config::ClusterRestoreArgs) -> i32 {
-    use crate::restore::Target;
     let keys = match keys(None, None, args.identity.as_deref()) {
         Ok(k) => k,
         Err(code) => return code,
@@ -236,20 +255,9 @@ pub async fn cluster_restore(args: crate::config::ClusterRestoreArgs) -> i32 {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let target = match (args.to_revision, &args.to_time) {
-        (Some(r), _) if r < 1 => {
-            eprintln!("etcd-warden: --to-revision {r}: revisions start at 1");
-            return EX_USAGE;
-        }
-        (Some(r), _) => Target::Revision(r),
-        (None, Some(t)) => match crate::restore::execute::parse_time(t) {
-            Ok(ms) => Target::Time(ms),
-            Err(e) => {
-                eprintln!("etcd-warden: --to-time {e}");
-                return EX_USAGE;
-            }
-        },
-        (None, None) => Target::Latest,
+    let target = match target_of(args.to_revision, args.to_time.as_deref()) {
+        Ok(t) => t,
+        Err(code) => return code,
     };
     if (args.bump_revision > 0) != args.mark_compacted || i64::try_from(args.bump_revision).is_err() {
         eprintln!(
@@ -332,20 +340,9 @@ pub async fn restore(
             return EX_USAGE;
         }
     };
-    let target = match (args.to_revision, &args.to_time) {
-        (Some(r), _) if r < 1 => {
-            eprintln!("etcd-warden: --to-revision {r}: revisions start at 1");
-            return EX_USAGE;
-        }
-        (Some(r), _) => Target::Revision(r),
-        (None, Some(t)) => match crate::restore::execute::parse_time(t) {
-            Ok(ms) => Target::Time(ms),
-            Err(e) => {
-                eprintln!("etcd-warden: --to-time {e}");
-                return EX_USAGE;
-            }
-        },
-        (None, None) => Target::Latest,
+    let target = match target_of(args.to_revision, args.to_time.as_deref()) {
+        Ok(t) => t,
+        Err(code) => return code,
     };
     if (args.bump_revision > 0) != args.mark_compacted {
         eprintln!(

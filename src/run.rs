@@ -490,25 +490,17 @@ impl Terms {
             if let Some(old) = self.promote.take() {
                 old.abort();
             }
-            let me = &self.config.etcd;
-            let name = me.name.clone();
-            let peers = me
-                .initial_cluster
-                .as_deref()
-                .unwrap_or_default()
-                .split(',')
-                .filter_map(|e| e.split_once('='))
-                .filter(|(n, _)| n.trim() != name)
-                .map(|(_, u)| u.trim().to_owned())
-                .collect();
+            let Ok(me) = crate::cluster::startup::me(&self.config) else {
+                return;
+            };
             let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
             let learner = crate::cluster::promote::Learner {
                 id,
                 client: self.config.client.clone(),
-                peers,
+                peers: me.others,
                 endpoints: self.config.cluster_endpoints.clone(),
-                ours: me.advertise_client_urls.iter().map(|u| u.to_string()).collect(),
-                data: cwd.join(&me.data_dir),
+                ours: me.client_urls,
+                data: cwd.join(&self.config.etcd.data_dir),
             };
             self.promote = Some(tokio::spawn(crate::cluster::promote::run(
                 learner,

@@ -144,10 +144,7 @@ fn one_writer_and_handover(etcd: &Path) {
         let age = st["backup"]["seconds_since_last_success"].as_f64().unwrap();
         assert!(age < 30.0, "m{i} reports a backup {age} s old: {st}");
     }
-    for w in wardens.iter_mut().flatten() {
-        w.signal(Signal::SIGTERM);
-        w.wait_exit(START);
-    }
+    stop_all(&mut wardens);
 }
 
 /// Ten leader moves under writes: each new leader's warden takes over the same chain; no new full
@@ -706,10 +703,7 @@ fn store_cut_and_leader_killed(cut: Duration, compact: bool) {
         live_keys(&etcd, &ips[survivor], "k"),
         "the store holds other keys than the cluster"
     );
-    for w in wardens.iter_mut().flatten() {
-        w.signal(Signal::SIGTERM);
-        w.wait_exit(START);
-    }
+    stop_all(&mut wardens);
 }
 
 /// Runs this test again inside a network namespace of its own (`unshare --net`, loopback up), so
@@ -950,8 +944,5 @@ fn a_leader_cut_off_by_iptables_for_30s_writes_nothing_the_majority_lacks_and_re
         "partition: the cut-off warden's last backed-up revision {isolated_rev:?}, the store at {rev}, {} writes acknowledged",
         acked.len()
     );
-    for w in wardens.iter_mut().flatten() {
-        w.signal(Signal::SIGTERM);
-        w.wait_exit(START);
-    }
+    stop_all(&mut wardens);
 }

@@ -197,10 +197,7 @@ fn data_dir_vanishes(etcd: &Path) {
         "the repair journal was not closed"
     );
     assert_eq!(members(&ctl, &ips[writer_i]).unwrap().len(), 3);
-    for w in wardens.iter_mut().flatten() {
-        w.signal(Signal::SIGTERM);
-        w.wait_exit(START);
-    }
+    stop_all(&mut wardens);
 }
 
 fn beside_done(dir: &Path, i: usize) -> bool {
@@ -321,10 +318,7 @@ fn a_truncated_db_is_kept_aside_and_the_repair_resumes_after_each_crash() {
     assert!(list.iter().any(|m| m.id == id));
     same_history(&ctl, &ips[victim], &ips[writer_i], "after the resumed repair");
     wardens[victim] = Some(w);
-    for w in wardens.iter_mut().flatten() {
-        w.signal(Signal::SIGTERM);
-        w.wait_exit(START);
-    }
+    stop_all(&mut wardens);
 }
 
 /// Two of three data dirs wiped while the cluster was down: the two wardens find no leader, see
@@ -343,10 +337,7 @@ fn two_members_wiped_while_stopped_never_bootstrap_a_new_cluster() {
         dir.path().join("store/v1/cluster.json").exists().then_some(())
     });
     let id = cluster_id(&ctl, &ips[writer_i]).unwrap();
-    for w in wardens.iter_mut().flatten() {
-        w.signal(Signal::SIGTERM);
-        w.wait_exit(START);
-    }
+    stop_all(&mut wardens);
     let kept = writer_i;
     for i in (0..3).filter(|i| *i != kept) {
         std::fs::remove_dir_all(data_dir(dir.path(), i)).unwrap();
@@ -482,10 +473,7 @@ fn all_three_wiped(etcd: &Path) {
     let (mut wardens, rev) = cluster_with_backups(&etcd, dir.path(), &store, &ips, 300);
     let before = live_keys(&etcd, &ips[0], "q");
     let old_id = cluster_id(&ctl, &ips[0]).unwrap();
-    for w in wardens.iter_mut().flatten() {
-        w.signal(Signal::SIGTERM);
-        w.wait_exit(START);
-    }
+    stop_all(&mut wardens);
     let old_fulls: Vec<_> = std::fs::read_dir(dir.path().join("store/v1/full"))
         .unwrap()
         .flatten()
@@ -621,10 +609,7 @@ fn a_cluster_restore_reaches_the_exact_history_and_includes_the_intact_member() 
     let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
     let (mut wardens, rev) = cluster_with_backups(&etcd, dir.path(), &store, &ips, 200);
     let hash_before = hashkv(&ctl, &ips[0], rev);
-    for w in wardens.iter_mut().flatten() {
-        w.signal(Signal::SIGTERM);
-        w.wait_exit(START);
-    }
+    stop_all(&mut wardens);
     for i in 1..3 {
         std::fs::remove_dir_all(data_dir(dir.path(), i)).unwrap();
     }
@@ -722,10 +707,7 @@ fn five_members_with_two_dirs_wiped_at_once_rejoin_one_learner_at_a_time() {
         wardens[v].as_ref().unwrap().wait_ready(START);
         same_history(&ctl, &ips[v], &ips[writer_i], &format!("m{v}"));
     }
-    for w in wardens.iter_mut().flatten() {
-        w.signal(Signal::SIGTERM);
-        w.wait_exit(START);
-    }
+    stop_all(&mut wardens);
 }
 
 /// Scale 1 → 3 under writes (each new member's warden adds it as a learner through the first one,
@@ -900,8 +882,5 @@ fn a_changed_peer_url_is_updated_through_a_peer() {
     });
     assert!(w.log_text().contains("peer URLs changed"), "{}", w.log_text());
     wardens[moved] = Some(w);
-    for w in wardens.iter_mut().flatten() {
-        w.signal(Signal::SIGTERM);
-        w.wait_exit(START);
-    }
+    stop_all(&mut wardens);
 }

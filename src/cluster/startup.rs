@@ -40,15 +40,15 @@ fn failpoint(name: &str) {
 const RETRY: Duration = Duration::from_secs(2);
 
 /// This member, as its etcd flags describe it.
-struct Me {
-    name: String,
-    peer_urls: Vec<String>,
-    client_urls: Vec<String>,
+pub struct Me {
+    pub name: String,
+    pub peer_urls: Vec<String>,
+    pub client_urls: Vec<String>,
     /// The other members' peer URLs from `--initial-cluster`.
-    others: Vec<String>,
+    pub others: Vec<String>,
 }
 
-fn me(cfg: &RunConfig) -> Result<Me, String> {
+pub fn me(cfg: &RunConfig) -> Result<Me, String> {
     let name = cfg.etcd.name.clone();
     let cluster = cfg.etcd.initial_cluster.clone().unwrap_or_default();
     let mut mine = Vec::new();

@@ -157,3 +157,11 @@ pub fn hashkv(ctl: &Path, ip: &str, rev: i64) -> u64 {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     v[0]["HashKV"]["hash"].as_u64().unwrap()
 }
+
+/// Stops every warden still running, gracefully (SIGTERM), each within `START`.
+pub fn stop_all(wardens: &mut [Option<Warden>]) {
+    for w in wardens.iter_mut().flatten() {
+        w.signal(nix::sys::signal::Signal::SIGTERM);
+        w.wait_exit(START);
+    }
+}
