@@ -300,3 +300,53 @@ fn json_logs_and_etcd_output_passed_through() {
         assert!(v["level"].is_string() && v["message"].is_string(), "{line}");
     }
 }
+
+/// Test hygiene: a warden a test lost track of (its thread died, its guard never dropped) is
+/// killed with that thread, so it cannot answer for a later test on a reused address.
+#[test]
+fn a_warden_whose_test_thread_died_dies_with_it() {
+    let ip = unique_ip();
+    let pid = std::thread::spawn(move || {
+        let w = Warden::start(&ip, &[], &sh("exec sleep 600"));
+        wait_for("the stand-in etcd to start", START, || w.etcd_pid());
+        let pid = w.pid();
+        std::mem::forget(w);
+        pid
+    })
+    .join()
+    .unwrap();
+    wait_for(
+        "the forgotten warden to die with its test thread",
+        Duration::from_secs(10),
+        || (!alive(pid)).then_some(()),
+    );
+}
+
+/// Test hygiene: readiness is awaited from the warden the test started, not from whatever answers
+/// on its address; one that exited fails the wait at once, with its log.
+#[test]
+fn wait_ready_is_not_satisfied_by_another_warden_on_the_address() {
+    let etcd = etcd35();
+    let (first, ip) = with_etcd(&etcd, &[]);
+    first.wait_ready(START);
+    let dir = tempfile::tempdir().unwrap();
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, &dir.path().join("data")));
+    let second = Warden::start(&ip, &[], &argv);
+    let t = Instant::now();
+    let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        second.wait_ready(Duration::from_secs(20))
+    }))
+    .expect_err("the second warden (its address taken) must not count as ready");
+    let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        msg.contains("exited") || msg.contains("not the one this test started"),
+        "the wait should name why: {msg}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(15),
+        "the wait should fail when the warden exits, not at its deadline ({:?})",
+        t.elapsed()
+    );
+    first.wait_ready(START);
+}

@@ -155,6 +155,8 @@ pub struct Warden {
     pub log: PathBuf,
     pub dir: tempfile::TempDir,
     status: Option<std::process::ExitStatus>,
+    /// Started without a wrapper: the child is the warden, so /status must name its pid.
+    direct: bool,
 }
 
 pub struct WardenBuilder {
@@ -162,6 +164,7 @@ pub struct WardenBuilder {
     http: String,
     log: PathBuf,
     dir: tempfile::TempDir,
+    direct: bool,
 }
 
 impl Warden {
@@ -189,7 +192,14 @@ impl Warden {
             .arg("--")
             .args(etcd);
         let log = dir.path().join("warden.log");
-        WardenBuilder { cmd, http, log, dir }
+        let direct = wrapper.is_empty();
+        WardenBuilder {
+            cmd,
+            http,
+            log,
+            dir,
+            direct,
+        }
     }
 
     pub fn start(ip: &str, opts: &[&str], etcd: &[String]) -> Self {
@@ -217,11 +227,36 @@ impl Warden {
             .map(|p| p as i32)
     }
 
+    /// Waits for /readyz 200 from this test's own warden: fails at once, with the log, when the
+    /// warden has exited, and when the answer comes from another process (a stale warden of an
+    /// earlier test on the same address would otherwise satisfy the wait).
     pub fn wait_ready(&self, timeout: Duration) {
         wait_for(
             &format!("warden at {} to report ready", self.http),
             timeout,
-            || matches!(self.get("/readyz"), Some((200, _))).then_some(()),
+            || {
+                self.assert_running();
+                matches!(self.get("/readyz"), Some((200, _))).then_some(())
+            },
+        );
+        if self.direct {
+            let pid = self.status()["warden"]["pid"].as_i64();
+            assert_eq!(
+                pid,
+                Some(i64::from(self.pid())),
+                "the warden answering at {} is not the one this test started",
+                self.http
+            );
+        }
+    }
+
+    /// Panics, with the warden's log, when the process this test started is gone.
+    pub fn assert_running(&self) {
+        assert!(
+            alive(self.pid()),
+            "the warden (pid {}) exited; log:\n{}",
+            self.pid(),
+            self.log_text()
         );
     }
 
@@ -266,6 +301,7 @@ impl WardenBuilder {
             .stderr(err)
             .stdin(Stdio::null())
             .process_group(0);
+        dies_with_test(&mut self.cmd);
         let child = self.cmd.spawn().expect("spawn warden");
         Warden {
             child,
@@ -273,8 +309,31 @@ impl WardenBuilder {
             log: self.log,
             dir: self.dir,
             status: None,
+            direct: self.direct,
         }
     }
+}
+
+/// The child (a warden, an etcd, an emulator) dies with the test thread that started it (a test killed by its timeout leaves
+/// nothing running for a later test to meet); exec keeps the signal, through any wrapper that execs.
+#[expect(
+    unsafe_code,
+    reason = "pre_exec runs between fork and exec; prctl and getppid are async-signal-safe"
+)]
+pub fn dies_with_test(cmd: &mut Command) -> &mut Command {
+    let test = nix::unistd::getpid();
+    // SAFETY: the closure allocates nothing and makes two syscalls.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            if nix::unistd::getppid() != test {
+                // The test died between fork and prctl.
+                return Err(nix::errno::Errno::ESRCH.into());
+            }
+            Ok(())
+        });
+    }
+    cmd
 }
 
 impl Drop for Warden {
@@ -369,7 +428,7 @@ pub struct PlainEtcd {
 impl PlainEtcd {
     pub fn start(etcd: &Path, ip: &str, data_dir: &Path, name: &str) -> Self {
         let log = std::fs::File::create(data_dir.with_extension("log")).unwrap();
-        let child = Command::new(etcd)
+        let child = dies_with_test(&mut Command::new(etcd))
             .args([
                 "--name",
                 name,

@@ -45,7 +45,7 @@ pub fn moto_with_log(ip: &str, port: u16, log: Option<&std::path::Path>) -> Emul
         Some(p) => Stdio::from(std::fs::File::create(p).expect("create moto's log")),
         None => Stdio::null(),
     };
-    let child = Command::new("python3")
+    let child = super::dies_with_test(&mut Command::new("python3"))
         .args(["-m", "moto.server", "-H", ip, "-p", &port.to_string()])
         .stdout(Stdio::null())
         .stderr(stderr)
@@ -109,7 +109,7 @@ pub fn azurite(ip: &str, port: u16) -> Emulator {
     );
     let addr = format!("{ip}:{port}");
     // In-memory persistence writes nothing to the working directory.
-    let child = Command::new(&bin)
+    let child = super::dies_with_test(&mut Command::new(&bin))
         .args([
             "--blobHost",
             ip,
