@@ -36,6 +36,13 @@ def poll(what, f, timeout=120):
     raise SystemExit(f"timed out waiting for {what}")
 
 
+def etcd_revision(ctl):
+    """etcd's own answer (`etcdctl endpoint status`), not the warden's view of it."""
+    p = subprocess.run([ctl, f"--endpoints=http://{IP}:2379", "endpoint", "status", "-w", "json"],
+                       env=dict(os.environ, ETCDCTL_API="3"), capture_output=True, text=True, check=True)
+    return json.loads(p.stdout)[0]["Status"]["header"]["revision"]
+
+
 def vm(pid, field):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -53,6 +60,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--max-bytes", default="32MiB")
     a = ap.parse_args()
+    ctl = os.path.join(os.path.dirname(a.etcd), "etcdctl")
     rows = []
     for rate in [int(r) for r in a.rates.split(",")]:
         tmp = tempfile.mkdtemp(prefix="warden-delta-", dir="/var/tmp")
@@ -71,17 +79,12 @@ def main():
             out = subprocess.run([a.load, f"http://{IP}:2379", str(a.seconds), "32", str(rate)],
                                  capture_output=True, text=True, check=True).stdout.strip()
             t_end = time.monotonic()
-            st = json.loads(get(f"http://{IP}:2378/status"))
-            etcd_rev = st["etcd"]["revision"]
-            # the health loop's revision may lag by one interval; ask etcd itself through /status again
-            time.sleep(0.1)
-            target = poll("etcd revision", lambda: json.loads(get(f"http://{IP}:2378/status"))["etcd"]["revision"])
-            target = max(target, etcd_rev)
+            # Every write the load saw acknowledged is at or below etcd's revision now.
+            target = etcd_revision(ctl)
 
             def caught_up():
-                s = json.loads(get(f"http://{IP}:2378/status"))
-                cur = s["etcd"]["revision"]
-                return s["backup"]["backed_up_revision"] is not None and s["backup"]["backed_up_revision"] >= cur and cur >= target
+                b = json.loads(get(f"http://{IP}:2378/status"))["backup"]["backed_up_revision"]
+                return b is not None and b >= target
             poll("the store to catch up", caught_up)
             lag = time.monotonic() - t_end
             hwm = vm(w.pid, "VmHWM")

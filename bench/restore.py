@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -81,6 +82,26 @@ def revision(ctl):
     return json.loads(p.stdout)[0]["Status"]["header"]["revision"]
 
 
+def port_free(port=2379):
+    with socket.socket() as s:
+        return s.connect_ex((IP, port)) != 0
+
+
+def answer_of(etcd, flags, what, f):
+    """Starts etcd with `flags`, returns f() once it answers: only from this etcd (the client port
+    was free before it started, and it is still running after the answer), never from a stray one."""
+    if not port_free():
+        raise SystemExit(f"something already listens on {IP}:2379; {what} would not be checked")
+    e = subprocess.Popen([etcd, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        got = poll(what, lambda: e.poll() is None and f(), timeout=120)
+        if e.poll() is not None:
+            raise SystemExit(f"{what}: the etcd started on it exited ({e.returncode})")
+        return got
+    finally:
+        e.terminate(); e.wait()
+
+
 def poll(what, f, timeout=600):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -138,7 +159,7 @@ def main():
 def prepare(a, tmp, store, etcd_flags, ctl, bindir):
     # 1. A ~1 GiB DB, written without the warden.
     e = subprocess.Popen([a.etcd, *etcd_flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(2)
+    poll("etcd for the fill", lambda: e.poll() is None and revision(ctl), timeout=60)
     print(subprocess.run(["target/release/examples/fill", f"http://{IP}:2379", str(a.mib)],
                          capture_output=True, text=True, check=True).stdout.strip(), file=sys.stderr)
     e.terminate(); e.wait()
@@ -156,9 +177,13 @@ def prepare(a, tmp, store, etcd_flags, ctl, bindir):
         out = subprocess.run(["target/release/examples/load", f"http://{IP}:2379", str(seconds), "32"],
                              capture_output=True, text=True, check=True).stdout.strip()
         print(out, file=sys.stderr)
-        made = status()["etcd"]["revision"] - base
-    poll("the store to catch up", lambda: status()["backup"]["backed_up_revision"] >= status()["etcd"]["revision"])
-    final = status()["backup"]["backed_up_revision"]
+        made = revision(ctl) - base
+    # The load has stopped: etcd's own revision (not the warden's view of it, which lags by a health
+    # interval) is what the store must reach, and exactly.
+    final = revision(ctl)
+    poll("the store to catch up", lambda: status()["backup"]["backed_up_revision"] >= final)
+    if status()["backup"]["backed_up_revision"] != final:
+        raise SystemExit(f"the store is at {status()['backup']['backed_up_revision']}, etcd at {final}")
     want = hashkv(ctl, final)
     snap = os.path.join(tmp, "final.db")
     subprocess.run([os.path.join(bindir, "etcdctl"), f"--endpoints=http://{IP}:2379", "snapshot", "save", snap],
@@ -175,12 +200,10 @@ def run(a, tmp, store, etcd_flags, ctl, bindir, base, final, want, snap):
 
     def check(out):
         """etcd on the restored dir holds the original history, byte for byte."""
-        e = subprocess.Popen([a.etcd, *etcd_flags[:2], "--data-dir", out, *etcd_flags[4:]],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            got = poll("etcd on the restored dir", lambda: hashkv(ctl, final), timeout=120)
-        finally:
-            e.terminate(); e.wait()
+        got, rev = answer_of(a.etcd, [*etcd_flags[:2], "--data-dir", out, *etcd_flags[4:]],
+                             "etcd on the restored dir", lambda: (hashkv(ctl, final), revision(ctl)))
+        if rev != final:
+            raise SystemExit(f"restored {out}: etcd serves revision {rev}, the store's last is {final}")
         if got != want:
             raise SystemExit(f"restored {out}: HashKV at {final} is {got}, the original's is {want}")
 
@@ -209,12 +232,8 @@ def run(a, tmp, store, etcd_flags, ctl, bindir, base, final, want, snap):
             if "revision bumped" in line and "secs=" in line:
                 bump_secs.append(float(line.split("secs=")[1].split()[0]))
         if r == 0:
-            e = subprocess.Popen([a.etcd, *etcd_flags[:2], "--data-dir", out, *etcd_flags[4:]],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            try:
-                got = poll("etcd on the bumped restore", lambda: revision(ctl), timeout=120)
-            finally:
-                e.terminate(); e.wait()
+            got = answer_of(a.etcd, [*etcd_flags[:2], "--data-dir", out, *etcd_flags[4:]],
+                            "etcd on the bumped restore", lambda: revision(ctl))
             if got != final + 1000000000:
                 raise SystemExit(f"bumped restore serves revision {got}, want {final + 1000000000}")
         shutil.rmtree(out)
