@@ -2,6 +2,8 @@
 //! every delta's records (contiguous revisions within its range), and each chain's continuity from
 //! its full snapshot. Reads stream; nothing is held whole in memory.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use serde::Serialize;
 
 use super::compress::Unpacker;
@@ -181,12 +183,7 @@ where
         ));
     }
     if is_full {
-        let sha = trailer
-            .verify()
-            .ok_or("etcd's embedded sha256 does not match the database")?;
-        if verified.footer.etcd_sha256.as_deref() != Some(sha.as_str()) {
-            return Err("etcd's sha256 differs from the one recorded at backup time".into());
-        }
+        check_etcd_sha256(&verified, trailer)?;
     } else {
         decoder.finish().map_err(|e| e.to_string())?;
         if next_rev != Some(last + 1) {
@@ -287,6 +284,18 @@ pub async fn verify_store(store: &Store) -> Result<Report, StoreError> {
     Ok(report)
 }
 
+/// etcd's own checksum: the stream's last 32 bytes are the sha256 of the database before them, and
+/// that is the digest recorded at backup time.
+fn check_etcd_sha256(verified: &Verified, trailer: TrailerCheck) -> Result<(), String> {
+    let sha = trailer
+        .verify()
+        .ok_or("etcd's embedded sha256 does not match the database")?;
+    if verified.footer.etcd_sha256.as_deref() != Some(sha.as_str()) {
+        return Err("etcd's sha256 differs from the one recorded at backup time".into());
+    }
+    Ok(())
+}
+
 /// All records of a delta, verified.
 pub async fn read_delta(store: &Store, name: &SnapshotName) -> Result<Vec<Record>, ObjectError> {
     let mut decoder = Decoder::new();
@@ -306,49 +315,137 @@ pub async fn read_delta(store: &Store, name: &SnapshotName) -> Result<Vec<Record
     }
 }
 
-/// Writes a full snapshot's etcd stream (database + sha256) to `path`, verified.
+/// Stored chunks in flight between the download and the worker of `read_full_to_file`: with the
+/// store's chunks (up to 1 MiB from a file, smaller from HTTP) a few MiB at most.
+const FULL_QUEUE: usize = 4;
+
+/// Writes a full snapshot's etcd stream (database + sha256) to `path`, verified: everything
+/// `verify_object` checks. The download and the object's digest run here; decryption,
+/// decompression, etcd's sha256 and the file writes run on a thread of their own, a few chunks
+/// behind, so the two halves overlap on two cores instead of taking turns.
 pub async fn read_full_to_file(
     store: &Store,
     name: &SnapshotName,
     path: &std::path::Path,
     progress: &crate::telemetry::Progress,
 ) -> Result<Verified, ObjectError> {
-    use std::io::Write;
     let local = |e: String| ObjectError::Local(e);
-    let mut file = std::io::BufWriter::new(
-        std::fs::File::create(path).map_err(|e| local(format!("create {}: {e}", path.display())))?,
-    );
-    let total = format::read_footer(store.inner.as_ref(), &name.key())
+    let file = std::fs::File::create(path).map_err(|e| local(format!("create {}: {e}", path.display())))?;
+    let key = name.key();
+    let total = format::read_footer(store.inner.as_ref(), &key)
         .await
         .map(|f| f.raw_bytes)
         .ok();
-    let (started, mut done) = (std::time::Instant::now(), 0u64);
+    let (started, done) = (std::time::Instant::now(), std::sync::Arc::new(AtomicU64::new(0)));
     let line = |done: u64| {
         format!(
-            "downloading {}: {}",
-            name.key(),
+            "downloading {key}: {}",
             crate::telemetry::rate_line(done, total, started.elapsed(), "B")
         )
     };
-    let mut write_failed = None;
-    let v = read_verified(store, name, |raw| {
-        done += raw.len() as u64;
-        if done > 0 {
-            progress.tick(|| line(done));
-        }
-        file.write_all(raw).map_err(|e| {
-            let e = format!("write {}: {e}", path.display());
-            write_failed = Some(e.clone());
-            e
-        })
+    let mut worker: Option<FullWorker> = None;
+    let mut file = Some(file);
+    let read = format::read_object(store.inner.as_ref(), &key, |h, chunk| {
+        let w = match worker.as_mut() {
+            Some(w) => w,
+            None => {
+                let unpacker =
+                    Unpacker::new(h.compression, h.encryption, &store.keys).map_err(|e| e.to_string())?;
+                let file = file.take().expect("the file goes to the first worker");
+                worker.insert(FullWorker::start(unpacker, file, path.to_owned(), done.clone()))
+            }
+        };
+        progress.tick(|| line(done.load(Ordering::Relaxed)));
+        // The worker stopped: its own error says why.
+        w.send(chunk.to_vec())
+            .map_err(|()| "the writer stopped".to_owned())
     })
     .await;
-    if let Some(e) = write_failed {
-        return Err(local(e));
+    let written = match worker {
+        Some(w) => Some(w.finish().await),
+        None => None,
+    };
+    let verified = match (read, written) {
+        (_, Some(Err(e))) => return Err(e),
+        (Err(e), _) => return Err(ObjectError::from_format(e)),
+        (Ok(v), written) => (v, written),
+    };
+    let (verified, written) = verified;
+    let corrupt = |e: String| ObjectError::Corrupt(format!("{key}: {e}"));
+    let (raw, trailer) = match written {
+        Some(Ok(w)) => w,
+        // An object with an empty payload never started the worker.
+        _ => (0, TrailerCheck::default()),
+    };
+    if raw != verified.footer.raw_bytes {
+        return Err(corrupt(format!(
+            "{raw} bytes after decompression, footer says {}",
+            verified.footer.raw_bytes
+        )));
     }
-    let v = v?;
-    progress.update(line(done));
-    file.flush()
-        .map_err(|e| local(format!("write {}: {e}", path.display())))?;
-    Ok(v)
+    check_etcd_sha256(&verified, trailer).map_err(corrupt)?;
+    progress.update(line(raw));
+    Ok(verified)
+}
+
+/// The second half of `read_full_to_file`, on its own thread: stored bytes in, etcd's stream out to
+/// the file, counted and checksummed on the way.
+struct FullWorker {
+    tx: std::sync::mpsc::SyncSender<Vec<u8>>,
+    thread: std::thread::JoinHandle<Result<(u64, TrailerCheck), ObjectError>>,
+}
+
+impl FullWorker {
+    fn start(
+        mut unpacker: Unpacker,
+        file: std::fs::File,
+        path: std::path::PathBuf,
+        done: std::sync::Arc<AtomicU64>,
+    ) -> Self {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(FULL_QUEUE);
+        let thread = std::thread::spawn(move || {
+            use std::io::Write;
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+            let mut trailer = TrailerCheck::default();
+            let mut raw = 0u64;
+            let mut emit = |bytes: Vec<u8>| -> Result<(), ObjectError> {
+                raw += bytes.len() as u64;
+                done.store(raw, Ordering::Relaxed);
+                trailer.update(&bytes);
+                out.write_all(&bytes)
+                    .map_err(|e| ObjectError::Local(format!("write {}: {e}", path.display())))
+            };
+            let decode = |e: std::io::Error| ObjectError::Corrupt(format!("decode the payload: {e}"));
+            for chunk in rx {
+                for piece in chunk.chunks(SLICE) {
+                    unpacker.write(piece).map_err(decode)?;
+                    emit(unpacker.take())?;
+                }
+            }
+            emit(unpacker.finish().map_err(decode)?)?;
+            out.flush()
+                .map_err(|e| ObjectError::Local(format!("write {}: {e}", path.display())))?;
+            Ok((raw, trailer))
+        });
+        Self { tx, thread }
+    }
+
+    /// Hands one stored chunk over, waiting while the worker is `FULL_QUEUE` chunks behind.
+    fn send(&self, chunk: Vec<u8>) -> Result<(), ()> {
+        let send = || self.tx.send(chunk).map_err(|_| ());
+        match tokio::runtime::Handle::current().runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::CurrentThread => send(),
+            _ => tokio::task::block_in_place(send),
+        }
+    }
+
+    /// Waits for the worker to take in everything sent.
+    async fn finish(self) -> Result<(u64, TrailerCheck), ObjectError> {
+        let Self { tx, thread } = self;
+        drop(tx);
+        tokio::task::spawn_blocking(move || thread.join())
+            .await
+            .map_err(|e| ObjectError::Local(format!("the snapshot writer: {e}")))?
+            .map_err(|_| ObjectError::Local("the snapshot writer panicked".into()))?
+    }
 }

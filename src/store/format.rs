@@ -268,6 +268,54 @@ pub async fn read_footer(store: &dyn ObjectStore, key: &str) -> Result<Footer, F
 /// Reads an object from start to end, handing each payload chunk to `sink`, and checks framing
 /// and digest. `sink` sees every payload byte exactly once, in order, before the digest is checked:
 /// callers must not trust what they got until this returns `Ok`.
+/// Bytes read from a local file per step: object_store's own stream of a file reads 8 KiB per
+/// blocking task, and for a 100 MiB object the 12 800 hand-offs between threads cost more than
+/// the reading.
+const FILE_CHUNK: usize = 1 << 20;
+
+/// An object's bytes as a stream. A local file (the `file://` store) is read in `FILE_CHUNK`
+/// pieces on one blocking thread, a few pieces ahead of the reader; other stores' streams pass
+/// through.
+fn byte_stream(
+    result: object_store::GetResult,
+) -> futures_util::stream::BoxStream<'static, object_store::Result<Bytes>> {
+    let object_store::GetResultPayload::File(mut file, path) = result.payload else {
+        return result.into_stream();
+    };
+    let range = result.range;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Seek};
+        let fail = |e: std::io::Error| object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: format!("read {}: {e}", path.display()).into(),
+        };
+        if let Err(e) = file.seek(std::io::SeekFrom::Start(range.start)) {
+            let _ = tx.blocking_send(Err(fail(e)));
+            return;
+        }
+        let mut left = range.end - range.start;
+        while left > 0 {
+            let mut buf = vec![0; left.min(FILE_CHUNK as u64) as usize];
+            let piece = file
+                .read_exact(&mut buf)
+                .map(|()| Bytes::from(buf))
+                .map_err(&fail);
+            let failed = piece.is_err();
+            left -= piece.as_ref().map_or(0, |b| b.len() as u64);
+            // A send fails when the reader stopped (a check failed): nothing more to read.
+            if tx.blocking_send(piece).is_err() || failed {
+                return;
+            }
+        }
+    });
+    futures_util::stream::unfold(
+        rx,
+        |mut rx| async move { rx.recv().await.map(|piece| (piece, rx)) },
+    )
+    .boxed()
+}
+
 pub async fn read_object<F>(store: &dyn ObjectStore, key: &str, mut sink: F) -> Result<Verified, FormatError>
 where
     F: FnMut(&Header, &[u8]) -> Result<(), String>,
@@ -288,7 +336,7 @@ where
         digest,
         footer,
     } = read_tail(store, key).await?;
-    let mut stream = store
+    let result = store
         .get_opts(
             &path,
             object_store::GetOptions {
@@ -297,8 +345,8 @@ where
             },
         )
         .await
-        .map_err(read_err)?
-        .into_stream();
+        .map_err(read_err)?;
+    let mut stream = byte_stream(result);
     let mut prefix: Vec<u8> = Vec::new();
     let mut header: Option<(Header, u64)> = None; // header and payload start offset
     let mut pos: u64 = 0;
