@@ -186,20 +186,60 @@ fn ownership_flip_under_writes_kills_at_once_final_snapshot_holds_every_acknowle
     );
 }
 
+/// Nothing answers on the public client port nor the public peer port.
+fn public_ports_refuse(ip: &str) -> bool {
+    [2379, 2380].iter().all(|port| {
+        TcpStream::connect_timeout(
+            &format!("{ip}:{port}").parse().unwrap(),
+            Duration::from_millis(500),
+        )
+        .is_err()
+    })
+}
+
+/// The first instant etcd `pid` is seen dead, polled every 2 ms (the measurement itself).
+fn seen_dead_after(pid: i32, since: Instant, timeout: Duration) -> Duration {
+    while alive(pid) {
+        assert!(
+            since.elapsed() < timeout,
+            "etcd {pid} alive {timeout:?} after the flip"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    since.elapsed()
+}
+
+/// The private etcd of the final snapshot: a process of the warden's on `data` whose client
+/// listener is not the public one.
+fn private_etcd(w: &Warden, ip: &str, data: &Path) -> Option<i32> {
+    processes_on(data).into_iter().map(|(pid, _)| pid).find(|pid| {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        proc_stat(*pid).is_some_and(|(_, ppid)| ppid == w.pid())
+            && cmdline.contains("--listen-client-urls")
+            && !cmdline.contains(&format!("{ip}:2379"))
+    })
+}
+
 #[test]
-fn store_down_at_the_flip_never_delays_the_kill_and_the_final_snapshot_follows_the_store() {
+fn hung_store_at_the_flip_never_delays_the_kill_and_the_public_ports_stay_shut_between_retries() {
     let etcd = etcd35();
     let ip = unique_ip();
     let dns = DnsServer::start(&ip);
     dns.set_owner(OWNER, "host-a");
     let moto = moto(&ip, 5000);
     create_bucket(&moto.addr, "backups");
-    let mut proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
+    let proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
     let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
     let mut opts = owner_opts(&dns, "200ms");
     opts.extend(["--store", "s3://backups/etcd", "--delta-snapshot-period", "200ms"]);
-    let w = Warden::builder(&ip, &opts, &argv(&etcd, &ip, &dir.path().join("data")))
-        .envs(&s3_env(&format!("http://{ip}:5001")))
+    // A request into the black hole gives up after 2 s (3 tries): a final snapshot attempt fails
+    // in seconds, and the private etcd then waits for the next one.
+    let mut env = s3_env(&format!("http://{ip}:5001"));
+    env.push(("AWS_TIMEOUT", "2s".into()));
+    let w = Warden::builder(&ip, &opts, &argv(&etcd, &ip, &data))
+        .envs(&env)
         .spawn();
     w.wait_ready(START);
     wait_for("the first full snapshot", START, || {
@@ -208,44 +248,54 @@ fn store_down_at_the_flip_never_delays_the_kill_and_the_final_snapshot_follows_t
     etcdctl(&etcdctl_for(&etcd), &ip, &["put", "before-the-flip", "1"]).unwrap();
     let etcd_pid = w.etcd_pid().unwrap();
 
-    proxy.cut();
+    // The store accepts connections and never answers: no error comes back to hurry anything.
+    proxy.hang();
     let flipped = dns.set_owner(OWNER, "host-b");
-    wait_for(
-        "etcd to be SIGKILLed while the store is down",
-        Duration::from_secs(5),
-        || (!alive(etcd_pid)).then_some(()),
-    );
+    let killed_after = seen_dead_after(etcd_pid, flipped, Duration::from_secs(5));
     assert!(
-        flipped.elapsed() < Duration::from_millis(1500),
-        "kill took {:?}",
-        flipped.elapsed()
+        killed_after < Duration::from_millis(200 + 300),
+        "etcd SIGKILLed {killed_after:?} after the flip with the store hung (interval 200ms)"
     );
+    // From the reap (the killed etcd's other threads close its sockets last) until an attempt has
+    // failed and the private etcd waits for the next one, sampled: nothing answers on the public
+    // ports.
     wait_reaped(&w);
-    assert!(
-        port_refuses(&ip),
-        "the public client port still accepts connections after the reap"
-    );
+    let sample = |what: &str| {
+        assert!(
+            public_ports_refuse(&ip),
+            "{what}: the public client or peer port accepts connections"
+        );
+    };
     let s = wait_for("a failed final snapshot attempt", START, || {
+        sample("fenced, final snapshot pending");
         let s = w.status();
         (s["ownership"]["fence"]["final_snapshot_failures_total"].as_u64() >= Some(1)).then_some(s)
     });
     assert_eq!(s["ownership"]["fence"]["final_snapshots_total"], 0, "{s}");
     assert_eq!(w.get("/readyz").unwrap().0, 503);
+    let private = private_etcd(&w, &ip, &data).expect("the private etcd is kept up between retries");
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(3) {
+        sample("between final snapshot retries");
+        assert!(alive(private), "the private etcd went away between retries");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
-    proxy.restore();
+    proxy.resume();
     let s = wait_for(
-        "the final snapshot once the store is back",
+        "the final snapshot once the store answers",
         Duration::from_secs(90),
         || {
+            sample("fenced, final snapshot retried");
             let s = w.status();
             (s["ownership"]["fence"]["final_snapshots_total"] == 1).then_some(s)
         },
     );
     assert!(s["etcd"]["pid"].is_null(), "{s}");
-    assert!(
-        port_refuses(&ip),
-        "etcd must stay fenced after the final snapshot"
-    );
+    wait_for("the private etcd to stop", Duration::from_secs(10), || {
+        (!alive(private)).then_some(())
+    });
+    sample("fenced after the final snapshot");
     let (keys, _) = keys_after_restore(
         &etcd,
         "s3://backups/etcd",
