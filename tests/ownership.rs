@@ -570,3 +570,133 @@ fn flapping_ownership_never_runs_two_etcds_on_the_data_dir_and_loses_nothing() {
         "{s}"
     );
 }
+
+/// A ready warden on moto's `backups/<prefix>` through `proxy`, with a first full and one
+/// acknowledged write; then the store hangs and ownership is lost. Returns once the final
+/// snapshot is under way and cannot finish: etcd killed, the private etcd up, the store silent.
+fn final_snapshot_under_way(
+    etcd: &Path,
+    proxy: &Proxy,
+    prefix: &str,
+) -> (Warden, DnsServer, tempfile::TempDir) {
+    let ip = unique_ip();
+    let dns = DnsServer::start(&ip);
+    dns.set_owner(OWNER, "host-a");
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let store = format!("s3://backups/{prefix}");
+    let mut opts = owner_opts(&dns, "200ms");
+    opts.extend(["--store", store.as_str()]);
+    let w = Warden::builder(&ip, &opts, &argv(etcd, &ip, &data))
+        .envs(&s3_env(&format!("http://{}", proxy.addr)))
+        .spawn();
+    w.wait_ready(START);
+    wait_for("the first full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    etcdctl(&etcdctl_for(etcd), &ip, &["put", "before-the-flip", "1"]).unwrap();
+    proxy.hang();
+    dns.set_owner(OWNER, "host-b");
+    wait_reaped(&w);
+    wait_for("the private etcd of the final snapshot", START, || {
+        private_etcd(&w, &ip, &data)
+    });
+    (w, dns, dir)
+}
+
+fn finals(keys: &[String], prefix: &str) -> Vec<String> {
+    keys.iter()
+        .filter(|k| k.starts_with(&format!("{prefix}/")) && k.ends_with("-final.ews"))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn sigterm_during_the_final_snapshot_lets_it_finish_and_a_second_sigterm_abandons_it() {
+    let etcd = etcd35();
+    let moto_ip = unique_ip();
+    let moto = moto(&moto_ip, 5000);
+    create_bucket(&moto.addr, "backups");
+    let proxy = Proxy::start(&format!("{moto_ip}:5001"), &moto.addr);
+
+    // One SIGTERM: the warden waits for the final snapshot, however long the store takes.
+    let (mut w, _dns, _dir) = final_snapshot_under_way(&etcd, &proxy, "once");
+    w.signal(Signal::SIGTERM);
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(2) {
+        assert!(
+            w.child.try_wait().unwrap().is_none(),
+            "the warden exited on one SIGTERM before the final snapshot was in the store"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(finals(&s3_keys(&moto.endpoint, "backups"), "once").is_empty());
+    proxy.resume();
+    assert_eq!(w.wait_exit(Duration::from_secs(60)), 0, "{}", w.log_text());
+    let fins = finals(&s3_keys(&moto.endpoint, "backups"), "once");
+    assert_eq!(
+        fins.len(),
+        1,
+        "one final snapshot in the store when the warden exits: {fins:?}"
+    );
+    let (keys, log) = keys_after_restore(&etcd, "s3://backups/once", &s3_env(&moto.endpoint), "");
+    assert!(keys.iter().any(|k| k == "before-the-flip"), "{keys:?}");
+    assert!(log.contains(fins[0].trim_start_matches("once/")), "{log}");
+
+    // Two SIGTERMs: the second abandons the final snapshot at once, store or no store.
+    let (mut w, _dns, _dir) = final_snapshot_under_way(&etcd, &proxy, "twice");
+    w.signal(Signal::SIGTERM);
+    wait_for("the first SIGTERM to be taken", START, || {
+        w.log_text()
+            .contains("finishing the final snapshot first")
+            .then_some(())
+    });
+    w.signal(Signal::SIGTERM);
+    let t = Instant::now();
+    w.wait_exit(Duration::from_secs(10));
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "the warden took {:?} to exit after the second SIGTERM",
+        t.elapsed()
+    );
+    proxy.resume();
+    let keys = s3_keys(&moto.endpoint, "backups");
+    assert!(
+        finals(&keys, "twice").is_empty(),
+        "an abandoned final snapshot is in the store: {keys:?}"
+    );
+    assert!(
+        keys.iter().any(|k| k.starts_with("twice/")),
+        "the warden's regular full is missing: {keys:?}"
+    );
+}
+
+#[test]
+fn a_regular_full_at_the_fence_revision_does_not_stand_in_for_the_final_snapshot() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dns = DnsServer::start(&ip);
+    dns.set_owner(OWNER, "host-a");
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    let w = owner_warden(&etcd, &ip, &dns, "200ms", dir.path(), &[]).0.spawn();
+    w.wait_ready(START);
+    // The revision etcd reports, and a regular full at exactly that revision in the store.
+    let revision = etcd_revision(&etcdctl_for(&etcd), &ip);
+    let full = format!("full-{revision:020}-");
+    wait_for("a regular full at etcd's revision", START, || {
+        walk(&store_dir)
+            .iter()
+            .any(|p| p.contains(&full) && !p.ends_with("-final.ews"))
+            .then_some(())
+    });
+    dns.set_owner(OWNER, "host-b");
+    wait_reaped(&w);
+    let fin = wait_for("a final snapshot in the store", START, || {
+        walk(&store_dir).into_iter().find(|p| p.ends_with("-final.ews"))
+    });
+    assert!(
+        fin.contains(&full),
+        "the final snapshot {fin} is not at etcd's revision {revision}"
+    );
+}

@@ -95,6 +95,32 @@ pub fn s3_env(endpoint: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// Every object key in `bucket` on the S3 server at `endpoint`, as boto3 (moto's own client)
+/// lists them: what is in the store, not what the warden says it put there.
+pub fn s3_keys(endpoint: &str, bucket: &str) -> Vec<String> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, boto3\n\
+             s3 = boto3.client('s3', endpoint_url=sys.argv[1], region_name='us-east-1', aws_access_key_id='testing', aws_secret_access_key='testing')\n\
+             for page in s3.get_paginator('list_objects_v2').paginate(Bucket=sys.argv[2]):\n\
+             \x20   for o in page.get('Contents', []): print(o['Key'])",
+            endpoint,
+            bucket,
+        ])
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "list {bucket}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
 /// azurite's blob service on `ip:port`, in memory.
 pub fn azurite(ip: &str, port: u16) -> Emulator {
     let bin = std::env::var("AZURITE_BLOB").unwrap_or_else(|_| {
