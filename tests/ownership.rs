@@ -1,7 +1,9 @@
 //! Rule 2 against a real etcd and a real DNS server on loopback: ownership lost → 503 and etcd
-//! SIGKILLed within one check interval, the public client port refuses, a final snapshot holds every
-//! acknowledged write; a store that is down never delays the kill; DNS timeouts and errors never
-//! kill; a host that was never the owner never serves; ownership back → ready with all data.
+//! SIGKILLed within one check interval, the public client and peer ports refuse (also while the
+//! private etcd waits for a final snapshot retry), a final snapshot holds exactly the acknowledged
+//! writes; a store that hangs never delays the kill; a SIGTERM waits for the final snapshot, a
+//! second abandons it; never two processes on the data dir (from /proc); DNS timeouts and errors
+//! never kill; a host that was never the owner never serves; ownership back → ready with all data.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
