@@ -5,6 +5,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -399,6 +400,65 @@ pub fn children_of(ppid: i32) -> Vec<(i32, char, String)> {
         {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
             out.push((pid, state, comm.trim().to_owned()));
+        }
+    }
+    out
+}
+
+/// Every process on the machine using the data dir `dir`, as etcd's tools would not tell: its
+/// command line is an etcd with `--data-dir dir`, or its cwd or an open fd (of any of its threads:
+/// a SIGKILLed etcd's leader is a zombie while its other threads still hold the db) is in `dir`.
+/// Each as (pid, what matched).
+pub fn processes_on(dir: &Path) -> Vec<(i32, String)> {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+    let inside = |p: &Path| p.starts_with(&dir);
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let base = entry.path();
+        let cmdline = std::fs::read(base.join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_etcd = args
+            .first()
+            .is_some_and(|a| Path::new(std::ffi::OsStr::from_bytes(a)).ends_with("etcd"));
+        let data_arg = args
+            .windows(2)
+            .any(|w| w[0] == b"--data-dir" && inside(Path::new(std::ffi::OsStr::from_bytes(w[1]))))
+            || args.iter().any(|a| {
+                a.strip_prefix(b"--data-dir=")
+                    .is_some_and(|v| inside(Path::new(std::ffi::OsStr::from_bytes(v))))
+            });
+        if is_etcd && data_arg {
+            out.push((pid, "an etcd with that --data-dir".to_owned()));
+            continue;
+        }
+        if std::fs::read_link(base.join("cwd")).is_ok_and(|c| inside(&c)) {
+            out.push((pid, "cwd".to_owned()));
+            continue;
+        }
+        // All threads share the leader's fd table, unless the leader has exited (a zombie).
+        let tasks: Vec<PathBuf> = if proc_stat(pid).is_some_and(|(state, _)| state == 'Z') {
+            std::fs::read_dir(base.join("task"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|t| t.path())
+                .collect()
+        } else {
+            vec![base.clone()]
+        };
+        let fd = tasks.iter().find_map(|t| {
+            std::fs::read_dir(t.join("fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|f| std::fs::read_link(f.path()).ok())
+                .find(|target| inside(target))
+        });
+        if let Some(target) = fd {
+            out.push((pid, format!("fd {}", target.display())));
         }
     }
     out

@@ -95,6 +95,32 @@ pub fn s3_env(endpoint: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// Every object key in `bucket` on the S3 server at `endpoint`, as boto3 (moto's own client)
+/// lists them: what is in the store, not what the warden says it put there.
+pub fn s3_keys(endpoint: &str, bucket: &str) -> Vec<String> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, boto3\n\
+             s3 = boto3.client('s3', endpoint_url=sys.argv[1], region_name='us-east-1', aws_access_key_id='testing', aws_secret_access_key='testing')\n\
+             for page in s3.get_paginator('list_objects_v2').paginate(Bucket=sys.argv[2]):\n\
+             \x20   for o in page.get('Contents', []): print(o['Key'])",
+            endpoint,
+            bucket,
+        ])
+        .output()
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "list {bucket}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
 /// azurite's blob service on `ip:port`, in memory.
 pub fn azurite(ip: &str, port: u16) -> Emulator {
     let bin = std::env::var("AZURITE_BLOB").unwrap_or_else(|_| {
@@ -171,9 +197,13 @@ pub fn azure_env(endpoint: &str) -> Vec<(&'static str, String)> {
 /// A TCP proxy in front of a store. `cut()` closes every connection and refuses new ones (the
 /// listening socket goes away); `restore()` listens again on the same address. `cut_after(n)` cuts
 /// by itself once `n` more bytes went from the store to its clients: in the middle of a download.
+/// `hang()` is the worse outage: connections are still accepted, open ones stay open, and nothing
+/// is forwarded either way (a store behind a black hole); `resume()` forwards again, the requests
+/// held meanwhile included.
 pub struct Proxy {
     pub addr: String,
     up: Arc<AtomicBool>,
+    hung: Arc<AtomicBool>,
     /// Bytes from the store to clients still allowed before the proxy cuts itself.
     budget: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
@@ -186,6 +216,7 @@ impl Proxy {
         let mut p = Self {
             addr: listen.to_owned(),
             up: Arc::new(AtomicBool::new(true)),
+            hung: Arc::new(AtomicBool::new(false)),
             budget: Arc::new(AtomicU64::new(u64::MAX)),
             stop: Arc::new(AtomicBool::new(false)),
             target: target.to_owned(),
@@ -199,16 +230,29 @@ impl Proxy {
         let listener = TcpListener::bind(&self.addr).expect("bind proxy");
         listener.set_nonblocking(true).unwrap();
         let (up, stop, target) = (self.up.clone(), self.stop.clone(), self.target.clone());
-        let budget = self.budget.clone();
+        let (budget, hung) = (self.budget.clone(), self.hung.clone());
         self.thread = Some(std::thread::spawn(move || {
+            // Accepted while hung: held open, unanswered, until `resume()`.
+            let mut held: Vec<TcpStream> = Vec::new();
             while up.load(Ordering::SeqCst) && !stop.load(Ordering::SeqCst) {
+                if !hung.load(Ordering::SeqCst) {
+                    for client in held.drain(..) {
+                        if let Ok(server) = TcpStream::connect(&target) {
+                            pipe(client, server, up.clone(), hung.clone(), budget.clone());
+                        }
+                    }
+                }
                 match listener.accept() {
                     Ok((client, _)) => {
                         client.set_nonblocking(false).unwrap();
+                        if hung.load(Ordering::SeqCst) {
+                            held.push(client);
+                            continue;
+                        }
                         let Ok(server) = TcpStream::connect(&target) else {
                             continue;
                         };
-                        pipe(client, server, up.clone(), budget.clone());
+                        pipe(client, server, up.clone(), hung.clone(), budget.clone());
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
@@ -232,6 +276,16 @@ impl Proxy {
         self.spawn();
     }
 
+    /// From now on nothing is forwarded and nothing refused: the store's clients wait.
+    pub fn hang(&self) {
+        self.hung.store(true, Ordering::SeqCst);
+    }
+
+    /// Forwards again, on the connections held open meanwhile too.
+    pub fn resume(&self) {
+        self.hung.store(false, Ordering::SeqCst);
+    }
+
     /// Cuts once `bytes` more bytes have gone from the store to its clients.
     pub fn cut_after(&self, bytes: u64) {
         self.budget.store(bytes, Ordering::SeqCst);
@@ -251,19 +305,24 @@ impl Drop for Proxy {
     }
 }
 
-fn pipe(a: TcpStream, b: TcpStream, up: Arc<AtomicBool>, budget: Arc<AtomicU64>) {
+fn pipe(a: TcpStream, b: TcpStream, up: Arc<AtomicBool>, hung: Arc<AtomicBool>, budget: Arc<AtomicU64>) {
     // (client → store, not counted), (store → client, counted against the budget)
     for (mut from, mut to, counted) in [
         (a.try_clone().unwrap(), b.try_clone().unwrap(), false),
         (b, a, true),
     ] {
-        let (up, budget) = (up.clone(), budget.clone());
+        let (up, hung, budget) = (up.clone(), hung.clone(), budget.clone());
         std::thread::spawn(move || {
             from.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
             let mut buf = [0u8; 64 * 1024];
             loop {
                 if !up.load(Ordering::SeqCst) {
                     break;
+                }
+                if hung.load(Ordering::SeqCst) {
+                    // Read nothing, send nothing, close nothing.
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
                 }
                 match from.read(&mut buf) {
                     Ok(0) => break,
