@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Full-snapshot benchmark, side by side in one run (A B A B, medians).
+"""Full-snapshot benchmark against the physical limit, side by side in one run (A B A B, medians).
 
-For each DB size (Kubernetes-like JSON values that compress about 2x):
-  A  etcdctl snapshot save to a local file           (etcd's own stream: the first limit)
-  B  etcd-warden snapshot -> file store, zstd/gzip/none
-  C  etcd-warden snapshot -> moto S3, zstd
-  D  boto3 multipart upload of the same zstd object to the same moto (the store's limit)
-Ratios: local = B / A;  S3 = C / max(A, D).  Peak RSS and blocks written come from wait4(2) per
-process; a zero-temp-file pipeline writes ~0 bytes to disk when the store is S3.
+For each DB size (Kubernetes-like JSON values that compress about 2.7x with zstd), every round:
+  etcdctl snapshot save to a local file           etcd's stream alone (the first limit)
+  etcd-warden snapshot -> file store, zstd        (and the object the uploads below send)
+and for each S3 server, moto (Python) and s3s-fs (native, Rust), in alternating order:
+  boto3 multipart upload of that zstd object      the plain upload alone (the second limit)
+  etcd-warden snapshot -> the server, zstd        with the CPU-seconds of the warden, etcd and the
+                                                  server during the run
+The ratio is the warden's wall time over max(etcd's stream, the plain upload, the CPU floor), the
+floor being the CPU-seconds of every process in the run divided by the cores: on 2 cores a run that
+needs 6 CPU-seconds cannot take less than 3 s, whatever each part takes alone. Each term is printed.
 
-Usage: bench/snapshot.py --etcd PATH --sizes 256,1024 --rounds 3
+Usage: bench/snapshot.py --etcd PATH [--sizes 400,1024,2048] [--rounds 3] [--s3s-fs PATH]
 """
 import argparse
 import os
@@ -23,19 +26,28 @@ import tempfile
 import time
 
 IP = "127.79.0.1"
+TICK = os.sysconf("SC_CLK_TCK")
+CORES = os.cpu_count()
 
 
 def run(cmd, env=None):
-    """Wall time, peak RSS (MiB) and bytes written to disk of one command, via GNU time (a small C
-    program, so the peak is the command's own, not a forked Python's)."""
+    """Wall time, peak RSS (MiB), bytes written to disk and CPU-seconds of one command, via GNU time
+    (a small C program, so the figures are the command's own, not a forked Python's)."""
     t0 = time.monotonic()
-    p = subprocess.run(["/usr/bin/time", "-f", "@@%M %O", *cmd], env=env, capture_output=True, text=True)
+    p = subprocess.run(["/usr/bin/time", "-f", "@@%M %O %U %S", *cmd], env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
     if p.returncode != 0:
         raise SystemExit(f"{cmd[0]} failed ({p.returncode}): {p.stderr[-2000:]}")
     line = [l for l in p.stderr.splitlines() if l.startswith("@@")][-1]
-    rss_kib, blocks = line[2:].split()
-    return wall, int(rss_kib) / 1024.0, int(blocks) * 512, p.stdout
+    rss_kib, blocks, user, sys_ = line[2:].split()
+    return wall, int(rss_kib) / 1024.0, int(blocks) * 512, float(user) + float(sys_), p.stdout
+
+
+def cpu_seconds(pid):
+    """utime + stime of a running process and its reaped children, from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / TICK
 
 
 def wait_port(host, port, what, timeout=60):
@@ -54,24 +66,34 @@ def main():
     ap.add_argument("--etcd", required=True)
     ap.add_argument("--warden", default="target/release/etcd-warden")
     ap.add_argument("--fill", default="target/release/examples/fill")
-    ap.add_argument("--sizes", default="256,1024")
+    ap.add_argument("--s3s-fs", default=os.path.expanduser("~/.cargo/bin/s3s-fs"))
+    ap.add_argument("--sizes", default="400,1024,2048")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     etcdctl = os.path.join(os.path.dirname(a.etcd), "etcdctl")
     tmp = tempfile.mkdtemp(prefix="warden-bench-", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
     procs = []
     try:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        servers = {}
         moto = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", IP, "-p", "5000"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(moto)
-        wait_port(IP, 5000, "moto")
-        import boto3
-        from boto3.s3.transfer import TransferConfig
-        s3 = boto3.client("s3", endpoint_url=f"http://{IP}:5000", aws_access_key_id="bench",
-                          aws_secret_access_key="bench", region_name="us-east-1")
-        s3.create_bucket(Bucket="bench")
-        env = dict(os.environ, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1",
-                   AWS_ENDPOINT_URL=f"http://{IP}:5000", AWS_ALLOW_HTTP="true", RUST_LOG="warn")
+        os.makedirs(os.path.join(tmp, "s3s"))
+        native = subprocess.Popen([a.s3s_fs, "--host", IP, "--port", "5001", "--access-key", "bench",
+                                   "--secret-key", "bench", os.path.join(tmp, "s3s")],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(native)
+        for name, port, p in [("moto", 5000, moto), ("s3s-fs", 5001, native)]:
+            wait_port(IP, port, name)
+            s3 = boto3.client("s3", endpoint_url=f"http://{IP}:{port}", aws_access_key_id="bench",
+                              aws_secret_access_key="bench", region_name="us-east-1")
+            s3.create_bucket(Bucket="bench")
+            env = dict(os.environ, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1",
+                       AWS_ENDPOINT_URL=f"http://{IP}:{port}", AWS_ALLOW_HTTP="true",
+                       AWS_EC2_METADATA_DISABLED="true", RUST_LOG="warn")
+            servers[name] = (s3, env, p)
         rows = []
         for size in [int(s) for s in a.sizes.split(",")]:
             data = os.path.join(tmp, f"etcd-{size}")
@@ -82,56 +104,70 @@ def main():
                                      "--log-level", "error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             procs.append(etcd)
             wait_port(IP, 2379, "etcd")
-            time.sleep(1)
-            print(run([a.fill, f"http://{IP}:2379", str(size)])[3].strip(), file=sys.stderr)
-            res = {k: [] for k in ["etcdctl", "zstd", "gzip", "none", "s3", "boto3"]}
-            rss = {k: [] for k in res}
-            disk = {k: [] for k in res}
+            print(run([a.fill, f"http://{IP}:2379", str(size)])[4].strip(), file=sys.stderr)
+            keys = ["etcdctl", "file"] + [f"{k}:{n}" for n in servers for k in ("upload", "warden", "cpu", "floor", "ratio")]
+            res = {k: [] for k in keys}
+            rss = {}
             for r in range(a.rounds):
                 out = os.path.join(tmp, "etcdctl.db")
-                w, m, b, _ = run([etcdctl, f"--endpoints=http://{IP}:2379", "snapshot", "save", out],
-                                 env=dict(os.environ, ETCDCTL_API="3"))
-                res["etcdctl"].append(w); rss["etcdctl"].append(m); disk["etcdctl"].append(b)
+                w, m, _, _, _ = run([etcdctl, f"--endpoints=http://{IP}:2379", "snapshot", "save", out],
+                                    env=dict(os.environ, ETCDCTL_API="3"))
+                res["etcdctl"].append(w)
                 raw = os.path.getsize(out)
                 os.remove(out)
-                for comp in ["zstd", "gzip", "none"]:
-                    store = os.path.join(tmp, "store")
-                    shutil.rmtree(store, ignore_errors=True)
-                    w, m, b, _ = run([a.warden, "snapshot", "--store", f"file://{store}", "--endpoints",
-                                      f"http://{IP}:2379", "--compression", comp], env=env)
-                    res[comp].append(w); rss[comp].append(m); disk[comp].append(b)
-                    if comp == "zstd":
-                        obj = next(os.path.join(dp, f) for dp, _, fs in os.walk(store) for f in fs)
-                        stored = os.path.getsize(obj)
-                        shutil.copy(obj, os.path.join(tmp, "obj.ews"))
-                    shutil.rmtree(store, ignore_errors=True)
-                w, m, b, _ = run([a.warden, "snapshot", "--store", f"s3://bench/r{r}", "--endpoints",
-                                  f"http://{IP}:2379", "--compression", "zstd"], env=env)
-                res["s3"].append(w); rss["s3"].append(m); disk["s3"].append(b)
-                t0 = time.monotonic()
-                s3.upload_file(os.path.join(tmp, "obj.ews"), "bench", f"boto/r{r}.ews",
-                               Config=TransferConfig(multipart_chunksize=8 << 20, max_concurrency=2))
-                res["boto3"].append(time.monotonic() - t0)
-                for key in [o["Key"] for o in s3.list_objects_v2(Bucket="bench").get("Contents", [])]:
-                    s3.delete_object(Bucket="bench", Key=key)
-            med = {k: statistics.median(v) for k, v in res.items() if v}
-            limit = max(med["etcdctl"], med["boto3"])
-            rows.append((size, raw, stored, med, {k: max(v) for k, v in rss.items() if v},
-                         {k: statistics.median(v) for k, v in disk.items() if v}, limit))
+                store = os.path.join(tmp, "store")
+                shutil.rmtree(store, ignore_errors=True)
+                w, m, _, _, _ = run([a.warden, "snapshot", "--store", f"file://{store}", "--endpoints",
+                                     f"http://{IP}:2379", "--compression", "zstd"], env=servers["moto"][1])
+                res["file"].append(w)
+                rss["file"] = max(rss.get("file", 0), m)
+                obj = next(os.path.join(dp, f) for dp, _, fs in os.walk(store) for f in fs)
+                stored = os.path.getsize(obj)
+                shutil.move(obj, os.path.join(tmp, "obj.ews"))
+                shutil.rmtree(store, ignore_errors=True)
+                order = list(servers) if r % 2 == 0 else list(reversed(servers))
+                for name in order:
+                    s3, env, server = servers[name]
+                    t0 = time.monotonic()
+                    s3.upload_file(os.path.join(tmp, "obj.ews"), "bench", f"boto/r{r}.ews",
+                                   Config=TransferConfig(multipart_chunksize=8 << 20, max_concurrency=2))
+                    res[f"upload:{name}"].append(time.monotonic() - t0)
+                    before = cpu_seconds(etcd.pid) + cpu_seconds(server.pid)
+                    w, m, _, own, _ = run([a.warden, "snapshot", "--store", f"s3://bench/r{r}", "--endpoints",
+                                           f"http://{IP}:2379", "--compression", "zstd"], env=env)
+                    others = cpu_seconds(etcd.pid) + cpu_seconds(server.pid) - before
+                    res[f"warden:{name}"].append(w)
+                    res[f"cpu:{name}"].append((own, others))
+                    floor = (own + others) / CORES
+                    res[f"floor:{name}"].append(floor)
+                    res[f"ratio:{name}"].append(w / max(res["etcdctl"][-1], res[f"upload:{name}"][-1], floor))
+                    rss[name] = max(rss.get(name, 0), m)
+                    for key in [o["Key"] for o in s3.list_objects_v2(Bucket="bench").get("Contents", [])]:
+                        s3.delete_object(Bucket="bench", Key=key)
+            rows.append((size, raw, stored, res, rss))
             etcd.send_signal(signal.SIGTERM)
             etcd.wait()
             procs.remove(etcd)
             shutil.rmtree(data, ignore_errors=True)
 
-        print(f"full snapshot benchmark ({a.rounds} rounds per size, medians; etcd {a.etcd})")
-        print(f"{'DB':>8} {'what':<26} {'wall':>8} {'ratio':>7} {'peak RSS':>9} {'disk written':>13}")
-        for size, raw, stored, med, rss, disk, limit in rows:
-            label = f"{raw / 2**20:.0f}MiB"
-            print(f"{label:>8} {'etcdctl snapshot save':<26} {med['etcdctl']:7.2f}s {'1.00x':>7} {rss['etcdctl']:7.1f}MiB {disk['etcdctl'] / 2**20:10.1f}MiB")
-            for comp in ["zstd", "gzip", "none"]:
-                print(f"{'':>8} {'warden -> file, ' + comp:<26} {med[comp]:7.2f}s {med[comp] / med['etcdctl']:6.2f}x {rss[comp]:7.1f}MiB {disk[comp] / 2**20:10.1f}MiB")
-            print(f"{'':>8} {'boto3 upload to moto':<26} {med['boto3']:7.2f}s {'':>7} (object {stored / 2**20:.0f} MiB, {raw / stored:.2f}x smaller)")
-            print(f"{'':>8} {'warden -> moto S3, zstd':<26} {med['s3']:7.2f}s {med['s3'] / limit:6.2f}x {rss['s3']:7.1f}MiB {disk['s3'] / 2**20:10.1f}MiB   (ratio to max(etcdctl, boto3))")
+        med = statistics.median
+        print(f"full snapshot benchmark ({a.rounds} rounds per size, medians; {CORES} cores; etcd {a.etcd})")
+        for size, raw, stored, res, rss in rows:
+            print(f"{raw / 2**20:.0f} MiB DB (zstd object {stored / 2**20:.0f} MiB, {raw / stored:.2f}x smaller)")
+            print(f"  etcdctl snapshot save to a file        {med(res['etcdctl']):7.2f} s")
+            print(f"  warden -> file store, zstd             {med(res['file']):7.2f} s  "
+                  f"({med(res['file']) / med(res['etcdctl']):.2f}x etcdctl, peak RSS {rss['file']:.1f} MiB)")
+            for name in servers:
+                cpu = res[f"cpu:{name}"]
+                print(f"  {name}: boto3 upload of the object     {med(res[f'upload:{name}']):7.2f} s")
+                print(f"  {name}: CPU floor                      {med(res[f'floor:{name}']):7.2f} s  "
+                      f"(warden {med(c[0] for c in cpu):.2f} + etcd and {name} {med(c[1] for c in cpu):.2f} CPU-s, "
+                      f"/ {CORES})")
+                print(f"  {name}: warden -> S3, zstd             {med(res[f'warden:{name}']):7.2f} s  "
+                      f"ratio {med(res[f'ratio:{name}']):.2f}x of max(stream, upload, floor) "
+                      f"(rounds {', '.join(f'{x:.2f}' for x in res[f'ratio:{name}'])}), peak RSS {rss[name]:.1f} MiB, "
+                      f"{raw / med(res[f'warden:{name}']) / 2**20:.0f} MiB/s, "
+                      f"{med(c[0] for c in cpu) / raw * 1e9:.2f} warden CPU-ns per DB byte")
     finally:
         for p in procs:
             p.kill()
