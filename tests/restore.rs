@@ -713,31 +713,30 @@ fn a_corrupt_middle_delta_cuts_the_chain_before_it_and_says_so() {
 /// The store goes away in the middle of the full snapshot's download and comes back 10 s later:
 /// the restore waits and retries the same chain (never an older one) and ends at the newest
 /// backed-up revision exactly.
-#[test]
-fn a_store_cut_mid_download_is_retried_and_the_newest_chain_restored() {
-    let etcd = etcd35();
-    let ip = unique_ip();
-    let moto = moto(&ip, 5000);
+/// A warden backing `batches` × 200 KiB of incompressible data up to moto's S3 through a proxy on
+/// `ip:5001`, stopped once a full snapshot holds it all. Returns the proxy, the store's environment,
+/// the revision and etcd's HashKV there.
+fn big_backup_behind_a_proxy(
+    etcd: &Path,
+    ip: &str,
+    moto: &common::stores::Emulator,
+    dir: &Path,
+    store: &str,
+    batches: usize,
+) -> (Proxy, Vec<(&'static str, String)>, i64, u32) {
     create_bucket(&moto.addr, "backups");
     let proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
     let env = s3_env(&format!("http://{ip}:5001"));
-    let dir = tempfile::tempdir().unwrap();
-    let store = "s3://backups/etcd/cut";
     let mut argv = vec![etcd.display().to_string()];
-    argv.extend(etcd_args(&ip, &dir.path().join("data")));
-    let mut w = Warden::builder(
-        &ip,
-        &["--store", store, "--delta-snapshot-period", "200ms"],
-        &argv,
-    )
-    .envs(&env)
-    .spawn();
+    argv.extend(etcd_args(ip, &dir.join("data")));
+    let mut w = Warden::builder(ip, &["--store", store, "--delta-snapshot-period", "200ms"], &argv)
+        .envs(&env)
+        .spawn();
     w.wait_ready(START);
     let rt = rt();
-    // ~16 MiB that does not compress, so the download takes many reads.
     let (rev, hash) = rt.block_on(async {
-        let mut c = client(&ip).await;
-        for batch in 0..80 {
+        let mut c = client(ip).await;
+        for batch in 0..batches {
             let ops = (0..100)
                 .map(|i| {
                     let v: Vec<u8> = (0..2048).map(|_| fastrand::u8(..)).collect();
@@ -761,29 +760,46 @@ fn a_store_cut_mid_download_is_retried_and_the_newest_chain_restored() {
     );
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
+    (proxy, env, rev, hash)
+}
 
-    proxy.cut_after(4 << 20);
-    let restored = dir.path().join("restored");
-    let ip2 = unique_ip();
+/// `etcd-warden restore` of the newest chain of `store` into `restored`, as member m1 on `ip`.
+fn restore_command(store: &str, restored: &Path, etcd: &Path, ip: &str, env: &[(&str, String)]) -> Command {
     let mut restore = Command::new(WARDEN);
     restore
         .args(["restore", "--store", store, "--data-dir"])
-        .arg(&restored)
+        .arg(restored)
         .args([
             "--name",
             "m1",
             "--initial-cluster",
-            &format!("m1=http://{ip2}:2380"),
+            &format!("m1=http://{ip}:2380"),
         ])
-        .args(["--initial-advertise-peer-urls", &format!("http://{ip2}:2380")])
+        .args(["--initial-advertise-peer-urls", &format!("http://{ip}:2380")])
         .arg("--etcd")
-        .arg(&etcd)
+        .arg(etcd)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-    for (k, v) in &env {
-        restore.env(k, v);
-    }
-    let child = restore.spawn().unwrap();
+    restore
+}
+
+#[test]
+fn a_store_cut_mid_download_is_retried_and_the_newest_chain_restored() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let moto = moto(&ip, 5000);
+    let dir = tempfile::tempdir().unwrap();
+    let store = "s3://backups/etcd/cut";
+    // ~16 MiB that does not compress, so the download takes many reads.
+    let (proxy, env, rev, hash) = big_backup_behind_a_proxy(&etcd, &ip, &moto, dir.path(), store, 80);
+    let rt = rt();
+    proxy.cut_after(4 << 20);
+    let restored = dir.path().join("restored");
+    let ip2 = unique_ip();
+    let child = restore_command(store, &restored, &etcd, &ip2, &env)
+        .spawn()
+        .unwrap();
     let mut proxy = proxy;
     wait_for(
         "the store to be cut mid-download",
@@ -982,4 +998,60 @@ fn restore_to_time_holds_exactly_the_writes_acknowledged_before_it() {
     }
     let (keys, _) = keys_after_restore(&etcd, &store, &[], "");
     assert_eq!(keys, points[2].2, "the latest restore");
+}
+
+/// Ctrl-C while a restore downloads (the store cut halfway, so it waits to retry with a partial
+/// download in its work dir): exit 130, the target never created, no work dir or partial file left
+/// beside it.
+#[test]
+fn ctrl_c_during_a_restore_leaves_no_target_and_no_partial_files() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let moto = moto(&ip, 5000);
+    let dir = tempfile::tempdir().unwrap();
+    let store = "s3://backups/etcd/interrupted";
+    let (proxy, env, _, _) = big_backup_behind_a_proxy(&etcd, &ip, &moto, dir.path(), store, 30);
+    proxy.cut_after(2 << 20);
+    let restored = dir.path().join("restored");
+    let child = restore_command(store, &restored, &etcd, &unique_ip(), &env)
+        .spawn()
+        .unwrap();
+    let beside = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("restored"))
+            .collect()
+    };
+    let work = wait_for(
+        "the download to stall with a partial file in the work dir",
+        Duration::from_secs(60),
+        || {
+            let work = beside()
+                .into_iter()
+                .find(|p| p.to_string_lossy().contains(".restore-"))?;
+            let partial = std::fs::read_dir(&work)
+                .ok()?
+                .flatten()
+                .any(|e| e.metadata().is_ok_and(|m| m.is_file() && m.len() > 0));
+            (!proxy.is_up() && partial).then_some(work)
+        },
+    );
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(130), "{text}");
+    assert!(text.contains("restore interrupted"), "{text}");
+    assert!(!restored.exists(), "the target was created: {text}");
+    assert!(
+        beside().is_empty(),
+        "left beside the target after Ctrl-C (work dir was {}): {:?}",
+        work.display(),
+        beside()
+    );
 }
