@@ -1055,3 +1055,122 @@ fn ctrl_c_during_a_restore_leaves_no_target_and_no_partial_files() {
         beside()
     );
 }
+
+/// A restored db shaped in a way the direct writer does not handle, which etcd opens all the same:
+/// the full snapshot rewritten with 300 extra empty top-level buckets (etcd ignores them), so once
+/// etcdutl has committed to it the root bucket spans several pages. The restore says so, replays
+/// the deltas through a private etcd instead, and the result is exact: every key with its
+/// revisions, and etcd's HashKV, equal the original's.
+#[test]
+fn an_unexpected_db_shape_falls_back_to_the_replay_and_stays_exact() {
+    use etcd_warden::restore::bolt::{BUCKET_LEAF, BoltFile, BucketValue};
+    use etcd_warden::snapshot::full::upload_stream;
+    use etcd_warden::snapshot::verify::read_full_to_file;
+    use etcd_warden::store::format::Footer;
+    use sha2::{Digest, Sha256};
+
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let (w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);
+    let rt = rt();
+    let (rev, original, hash) = rt.block_on(async {
+        let mut c = client(&ip).await;
+        for round in 0..60 {
+            write_mix(&mut c, round).await;
+        }
+        let (rev, kvs) = dump(&mut c, None).await;
+        (rev, kvs, c.hash_kv(rev).await.unwrap().hash())
+    });
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (backed_up(&w) >= rev).then_some(())
+    });
+    drop(w);
+
+    // The full snapshot's database, padded and put back under the same name.
+    let s = etcd_warden::store::Store::open(&etcd_warden::store::StoreUrl::File {
+        path: dir.path().join("store"),
+    })
+    .unwrap();
+    let fulls = rt.block_on(s.list_fulls()).unwrap();
+    assert_eq!(fulls.len(), 1);
+    let full = fulls[0].0;
+    assert!(full.last_revision() < rev, "the deltas must be needed");
+    let stream_file = dir.path().join("full.stream");
+    let verified = rt
+        .block_on(read_full_to_file(&s, &full, &stream_file, &Default::default()))
+        .unwrap();
+    let mut db_bytes = std::fs::read(&stream_file).unwrap();
+    let db_len = db_bytes.len() - 32;
+    assert_eq!(
+        &db_bytes[db_len..],
+        Sha256::digest(&db_bytes[..db_len]).as_slice()
+    );
+    db_bytes.truncate(db_len);
+    let db = dir.path().join("padded.db");
+    std::fs::write(&db, &db_bytes).unwrap();
+    {
+        let file = BoltFile::open(&db).unwrap();
+        let mut root = file.root_items().unwrap();
+        // An empty inline bucket: its header (root 0) and an empty leaf page.
+        let mut empty = BucketValue::encode(0, 0);
+        empty.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+        for i in 0..300 {
+            root.push((
+                BUCKET_LEAF,
+                format!("zz-padding-{i:03}").into_bytes(),
+                empty.clone(),
+            ));
+        }
+        root.sort_by(|a, b| a.1.cmp(&b.1));
+        file.commit(root).unwrap();
+    }
+    let mut padded = std::fs::read(&db).unwrap();
+    let sha = Sha256::digest(&padded);
+    padded.extend_from_slice(&sha);
+    std::fs::remove_file(dir.path().join("store").join(full.key())).unwrap();
+    let chunks: Vec<_> = padded.chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+    let (raw, sha_hex, writer) = rt
+        .block_on(upload_stream(
+            &s,
+            &full.key(),
+            &verified.header,
+            full.compression,
+            futures_util::stream::iter(chunks),
+        ))
+        .unwrap();
+    rt.block_on(writer.finish(&Footer {
+        raw_bytes: raw,
+        etcd_sha256: Some(sha_hex),
+        ..verified.footer.clone()
+    }))
+    .unwrap();
+
+    let target = dir.path().join("restored");
+    let ip2 = unique_ip();
+    let (code, out) = restore_cli(&store, &target, &etcd, &ip2, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("the root bucket spans several pages"),
+        "not the shape this test makes:\n{out}"
+    );
+    assert!(
+        out.contains(Via::Etcd.evidence()),
+        "the deltas were not replayed:\n{out}"
+    );
+    let _plain = PlainEtcd::start(&etcd, &ip2, &target, "m1");
+    let (got_rev, got, got_hash) = rt.block_on(async {
+        let mut c = client(&ip2).await;
+        let (r, kvs) = dump(&mut c, None).await;
+        (r, kvs, c.hash_kv(rev).await.unwrap().hash())
+    });
+    assert_eq!(got_rev, rev, "restored revision");
+    assert_eq!(got.len(), original.len(), "key count");
+    for (a, b) in original.iter().zip(&got) {
+        assert_eq!(a, b, "key {:?} differs", String::from_utf8_lossy(&a.0));
+    }
+    assert_eq!(
+        got_hash, hash,
+        "etcd's HashKV of the restore differs from the original's"
+    );
+}
