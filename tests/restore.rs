@@ -1,6 +1,8 @@
 //! Restore against real etcd 3.4/3.5: exact to the revision and every key's mod_revision, with a
 //! full snapshot taken under writes, deletes, overwrites, multi-key transactions and leases; point
-//! in time; fallback to an older chain when the newest full snapshot is corrupt; bad input.
+//! in time (by revision and by time); fallback to an older chain when the newest full snapshot is
+//! corrupt; the fallback to the replay through etcd on a db shape the writer does not handle; bad
+//! input; Ctrl-C.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
