@@ -311,7 +311,7 @@ pub async fn cluster_restore(args: crate::config::ClusterRestoreArgs) -> i32 {
 pub const EX_OLDER: i32 = 2;
 
 /// `etcd-warden restore`: offline restore into a new data dir. Ctrl-C stops it and leaves the target
-/// untouched (the work dir beside it is removed on the next attempt).
+/// untouched (the work dir beside it is removed as the restore's future is dropped).
 pub async fn restore(
     args: crate::config::RestoreArgs,
     reaper: crate::pid1::Reaper,

@@ -160,3 +160,69 @@ fn encrypted_backups_restore_only_with_the_identity_and_age_decrypts_a_payload()
         "age's output is not etcd's snapshot stream"
     );
 }
+
+/// The start-up restore of `run` from an encrypted store: without `--identity-file` the warden stops
+/// with an error naming it and starts no empty etcd; with it, a lost data dir comes back holding
+/// exactly the acknowledged writes, at the backed-up revision plus the default bump.
+#[test]
+fn a_start_up_restore_reads_an_encrypted_store_with_the_identity_file() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let (key, recipient) = keygen(dir.path());
+    let key = key.display().to_string();
+    let (mut w, store) = warden_with_file_store(
+        &etcd,
+        &ip,
+        dir.path(),
+        &["--encrypt-to", &recipient, "--identity-file", &key],
+    );
+    for i in 0..10 {
+        etcdctl(&ctl, &ip, &["put", &format!("enc{i}"), &format!("{MARKER}-{i}")]).unwrap();
+    }
+    etcdctl(&ctl, &ip, &["del", "enc4"]).unwrap();
+    let before = etcdctl(&ctl, &ip, &["get", "enc", "--prefix"]).unwrap();
+    let rev = etcd_revision(&ctl, &ip);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
+    });
+    w.signal(nix::sys::signal::Signal::SIGTERM);
+    w.wait_exit(START);
+    let data = dir.path().join("data");
+    std::fs::remove_dir_all(&data).unwrap();
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, &data));
+
+    let mut without = Warden::start(&ip, &["--store", &store, "--encrypt-to", &recipient], &argv);
+    let code = without.wait_exit(START);
+    assert_ne!(code, 0, "{}", without.log_text());
+    assert!(
+        without.log_text().contains("no identity was given"),
+        "the error must name the fix: {}",
+        without.log_text()
+    );
+    assert!(!data.exists(), "an etcd was started on an empty data dir");
+
+    let with = Warden::start(
+        &ip,
+        &[
+            "--store",
+            &store,
+            "--encrypt-to",
+            &recipient,
+            "--identity-file",
+            &key,
+        ],
+        &argv,
+    );
+    with.wait_ready(START);
+    assert_eq!(
+        etcdctl(&ctl, &ip, &["get", "enc", "--prefix"]).unwrap(),
+        before,
+        "the restored keys differ from the acknowledged writes"
+    );
+    assert_eq!(etcd_revision(&ctl, &ip), rev + 1_000_000_000, "restored revision");
+    let status = with.status();
+    assert_eq!(status["restore"]["startup_restores"]["total"], 1, "{status}");
+}

@@ -14,6 +14,7 @@ use etcd_warden::store::format::{Footer, Header};
 use etcd_warden::store::layout::{Compression, Encryption, Kind, SnapshotName};
 use etcd_warden::store::{Store, StoreUrl};
 use futures_util::stream;
+use object_store::ObjectStoreExt as _;
 use sha2::{Digest, Sha256};
 
 fn header(rev: i64) -> Header {
@@ -134,6 +135,11 @@ fn exercise(store: &Store, rt: &tokio::runtime::Runtime) {
         rt.block_on(store.list_fulls()).unwrap().is_empty(),
         "visible before the upload completed"
     );
+    let etcd_sha = hex::encode(Sha256::digest(&data));
+    assert_eq!(
+        sha, etcd_sha,
+        "the stream's digest is not etcd's sha256 of the database"
+    );
     let footer = Footer {
         raw_bytes: raw,
         etcd_sha256: Some(sha),
@@ -148,6 +154,44 @@ fn exercise(store: &Store, rt: &tokio::runtime::Runtime) {
     assert_eq!(fulls.len(), 1);
     let v = rt.block_on(verify_object(store, &fulls[0].0)).unwrap();
     assert_eq!(v.footer.raw_bytes, raw);
+    assert_eq!(v.footer.etcd_sha256.as_deref(), Some(etcd_sha.as_str()));
+
+    // The object's bytes, read as docs/FORMAT.md defines them, without the product's parser.
+    let bytes = rt
+        .block_on(async { store.inner.get(&fulls[0].1.location).await.unwrap().bytes().await })
+        .unwrap();
+    assert_eq!(bytes.len() as u64, size, "stored size");
+    assert_eq!(&bytes[..8], b"EWARDEN1", "magic");
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let header_len = u32_at(8);
+    let header: serde_json::Value = serde_json::from_slice(&bytes[12..12 + header_len]).unwrap();
+    assert_eq!(header["kind"], "full");
+    assert_eq!(header["revision"], 4);
+    let end = bytes.len();
+    assert_eq!(&bytes[end - 8..], b"EWEND001", "end marker");
+    let footer_len = u32_at(end - 52);
+    let payload_len = u64::from_le_bytes(bytes[end - 48..end - 40].try_into().unwrap()) as usize;
+    let payload_end = end - 52 - footer_len;
+    assert_eq!(
+        payload_len,
+        payload_end - 12 - header_len,
+        "payload length vs its position"
+    );
+    let payload = &bytes[12 + header_len..payload_end];
+    assert_eq!(
+        &bytes[end - 40..end - 8],
+        Sha256::digest(payload).as_slice(),
+        "trailer digest is not sha256 of the stored payload"
+    );
+    let stored_footer: serde_json::Value =
+        serde_json::from_slice(&bytes[payload_end..payload_end + footer_len]).unwrap();
+    assert_eq!(stored_footer["etcd_sha256"], etcd_sha.as_str());
+    assert_eq!(stored_footer["raw_bytes"], good.len() as u64);
+    assert_eq!(
+        zstd::decode_all(payload).unwrap(),
+        good,
+        "the payload does not decompress to etcd's stream"
+    );
 }
 
 fn no_stray_files(dir: &Path) {

@@ -1,6 +1,8 @@
 //! Restore against real etcd 3.4/3.5: exact to the revision and every key's mod_revision, with a
 //! full snapshot taken under writes, deletes, overwrites, multi-key transactions and leases; point
-//! in time; fallback to an older chain when the newest full snapshot is corrupt; bad input.
+//! in time (by revision and by time); fallback to an older chain when the newest full snapshot is
+//! corrupt; the fallback to the replay through etcd on a db shape the writer does not handle; bad
+//! input; Ctrl-C.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -713,31 +715,30 @@ fn a_corrupt_middle_delta_cuts_the_chain_before_it_and_says_so() {
 /// The store goes away in the middle of the full snapshot's download and comes back 10 s later:
 /// the restore waits and retries the same chain (never an older one) and ends at the newest
 /// backed-up revision exactly.
-#[test]
-fn a_store_cut_mid_download_is_retried_and_the_newest_chain_restored() {
-    let etcd = etcd35();
-    let ip = unique_ip();
-    let moto = moto(&ip, 5000);
+/// A warden backing `batches` × 200 KiB of incompressible data up to moto's S3 through a proxy on
+/// `ip:5001`, stopped once a full snapshot holds it all. Returns the proxy, the store's environment,
+/// the revision and etcd's HashKV there.
+fn big_backup_behind_a_proxy(
+    etcd: &Path,
+    ip: &str,
+    moto: &common::stores::Emulator,
+    dir: &Path,
+    store: &str,
+    batches: usize,
+) -> (Proxy, Vec<(&'static str, String)>, i64, u32) {
     create_bucket(&moto.addr, "backups");
     let proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
     let env = s3_env(&format!("http://{ip}:5001"));
-    let dir = tempfile::tempdir().unwrap();
-    let store = "s3://backups/etcd/cut";
     let mut argv = vec![etcd.display().to_string()];
-    argv.extend(etcd_args(&ip, &dir.path().join("data")));
-    let mut w = Warden::builder(
-        &ip,
-        &["--store", store, "--delta-snapshot-period", "200ms"],
-        &argv,
-    )
-    .envs(&env)
-    .spawn();
+    argv.extend(etcd_args(ip, &dir.join("data")));
+    let mut w = Warden::builder(ip, &["--store", store, "--delta-snapshot-period", "200ms"], &argv)
+        .envs(&env)
+        .spawn();
     w.wait_ready(START);
     let rt = rt();
-    // ~16 MiB that does not compress, so the download takes many reads.
     let (rev, hash) = rt.block_on(async {
-        let mut c = client(&ip).await;
-        for batch in 0..80 {
+        let mut c = client(ip).await;
+        for batch in 0..batches {
             let ops = (0..100)
                 .map(|i| {
                     let v: Vec<u8> = (0..2048).map(|_| fastrand::u8(..)).collect();
@@ -761,29 +762,46 @@ fn a_store_cut_mid_download_is_retried_and_the_newest_chain_restored() {
     );
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
+    (proxy, env, rev, hash)
+}
 
-    proxy.cut_after(4 << 20);
-    let restored = dir.path().join("restored");
-    let ip2 = unique_ip();
+/// `etcd-warden restore` of the newest chain of `store` into `restored`, as member m1 on `ip`.
+fn restore_command(store: &str, restored: &Path, etcd: &Path, ip: &str, env: &[(&str, String)]) -> Command {
     let mut restore = Command::new(WARDEN);
     restore
         .args(["restore", "--store", store, "--data-dir"])
-        .arg(&restored)
+        .arg(restored)
         .args([
             "--name",
             "m1",
             "--initial-cluster",
-            &format!("m1=http://{ip2}:2380"),
+            &format!("m1=http://{ip}:2380"),
         ])
-        .args(["--initial-advertise-peer-urls", &format!("http://{ip2}:2380")])
+        .args(["--initial-advertise-peer-urls", &format!("http://{ip}:2380")])
         .arg("--etcd")
-        .arg(&etcd)
+        .arg(etcd)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
-    for (k, v) in &env {
-        restore.env(k, v);
-    }
-    let child = restore.spawn().unwrap();
+    restore
+}
+
+#[test]
+fn a_store_cut_mid_download_is_retried_and_the_newest_chain_restored() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let moto = moto(&ip, 5000);
+    let dir = tempfile::tempdir().unwrap();
+    let store = "s3://backups/etcd/cut";
+    // ~16 MiB that does not compress, so the download takes many reads.
+    let (proxy, env, rev, hash) = big_backup_behind_a_proxy(&etcd, &ip, &moto, dir.path(), store, 80);
+    let rt = rt();
+    proxy.cut_after(4 << 20);
+    let restored = dir.path().join("restored");
+    let ip2 = unique_ip();
+    let child = restore_command(store, &restored, &etcd, &ip2, &env)
+        .spawn()
+        .unwrap();
     let mut proxy = proxy;
     wait_for(
         "the store to be cut mid-download",
@@ -912,4 +930,249 @@ fn auth_changes_after_the_full_are_restored() {
     assert!(users.contains("alice") && users.contains("root"), "{users}");
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
+}
+
+/// `restore --to-time T`, T taken once the writes before it were in the store and before any
+/// later write: a plain etcd on the restored dir serves exactly the keys acknowledged before T, at
+/// the revision etcdctl reported then; a second T later in the same chain, and the latest, too.
+#[test]
+fn restore_to_time_holds_exactly_the_writes_acknowledged_before_it() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let (w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);
+    let mut live: std::collections::BTreeSet<String> = Default::default();
+    let mut points = Vec::new();
+    for (batch, deleted) in [("a", None), ("b", Some("a3")), ("c", Some("b5"))] {
+        for i in 0..8 {
+            let k = format!("{batch}{i}");
+            etcdctl(&ctl, &ip, &["put", &k, &format!("value of {k}")]).unwrap();
+            live.insert(k);
+        }
+        if let Some(k) = deleted {
+            etcdctl(&ctl, &ip, &["del", k]).unwrap();
+            live.remove(k);
+        }
+        let rev = etcd_revision(&ctl, &ip);
+        wait_for(&format!("revision {rev} in the store"), START, || {
+            (backed_up(&w) >= rev).then_some(())
+        });
+        let at = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+        points.push((at, rev, live.iter().cloned().collect::<Vec<_>>()));
+    }
+    drop(w);
+    let full_rev = {
+        let s = etcd_warden::store::Store::open(&etcd_warden::store::StoreUrl::File {
+            path: dir.path().join("store"),
+        })
+        .unwrap();
+        let fulls = rt().block_on(s.list_fulls()).unwrap();
+        assert_eq!(
+            fulls.len(),
+            1,
+            "one chain: the points in time are inside its deltas"
+        );
+        fulls[0].0.last_revision()
+    };
+    assert!(
+        full_rev < points[0].1,
+        "the full snapshot already holds the first batch"
+    );
+
+    let ip2 = unique_ip();
+    for (i, (at, rev, keys)) in points.iter().enumerate().take(2) {
+        let target = dir.path().join(format!("restored-{i}"));
+        let (code, out) = restore_cli(&store, &target, &etcd, &ip2, &["--to-time", at]);
+        assert_eq!(code, 0, "restore --to-time {at}: {out}");
+        let plain = PlainEtcd::start(&etcd, &ip2, &target, "m1");
+        assert_eq!(
+            live_keys(&etcd, &ip2, ""),
+            *keys,
+            "restore --to-time {at}: not the writes acknowledged before it"
+        );
+        assert_eq!(
+            etcd_revision(&ctl, &ip2),
+            *rev,
+            "restore --to-time {at}: revision"
+        );
+        plain.stop();
+    }
+    let (keys, _) = keys_after_restore(&etcd, &store, &[], "");
+    assert_eq!(keys, points[2].2, "the latest restore");
+}
+
+/// Ctrl-C while a restore downloads (the store cut halfway, so it waits to retry with a partial
+/// download in its work dir): exit 130, the target never created, no work dir or partial file left
+/// beside it.
+#[test]
+fn ctrl_c_during_a_restore_leaves_no_target_and_no_partial_files() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let moto = moto(&ip, 5000);
+    let dir = tempfile::tempdir().unwrap();
+    let store = "s3://backups/etcd/interrupted";
+    let (proxy, env, _, _) = big_backup_behind_a_proxy(&etcd, &ip, &moto, dir.path(), store, 30);
+    proxy.cut_after(2 << 20);
+    let restored = dir.path().join("restored");
+    let child = restore_command(store, &restored, &etcd, &unique_ip(), &env)
+        .spawn()
+        .unwrap();
+    let beside = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("restored"))
+            .collect()
+    };
+    let work = wait_for(
+        "the download to stall with a partial file in the work dir",
+        Duration::from_secs(60),
+        || {
+            let work = beside()
+                .into_iter()
+                .find(|p| p.to_string_lossy().contains(".restore-"))?;
+            let partial = std::fs::read_dir(&work)
+                .ok()?
+                .flatten()
+                .any(|e| e.metadata().is_ok_and(|m| m.is_file() && m.len() > 0));
+            (!proxy.is_up() && partial).then_some(work)
+        },
+    );
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(130), "{text}");
+    assert!(text.contains("restore interrupted"), "{text}");
+    assert!(!restored.exists(), "the target was created: {text}");
+    assert!(
+        beside().is_empty(),
+        "left beside the target after Ctrl-C (work dir was {}): {:?}",
+        work.display(),
+        beside()
+    );
+}
+
+/// A restored db shaped in a way the direct writer does not handle, which etcd opens all the same:
+/// the full snapshot rewritten with 300 extra empty top-level buckets (etcd ignores them), so once
+/// etcdutl has committed to it the root bucket spans several pages. The restore says so, replays
+/// the deltas through a private etcd instead, and the result is exact: every key with its
+/// revisions, and etcd's HashKV, equal the original's.
+#[test]
+fn an_unexpected_db_shape_falls_back_to_the_replay_and_stays_exact() {
+    use etcd_warden::restore::bolt::{BUCKET_LEAF, BoltFile, BucketValue};
+    use etcd_warden::snapshot::full::upload_stream;
+    use etcd_warden::snapshot::verify::read_full_to_file;
+    use etcd_warden::store::format::Footer;
+    use sha2::{Digest, Sha256};
+
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let (w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);
+    let rt = rt();
+    let (rev, original, hash) = rt.block_on(async {
+        let mut c = client(&ip).await;
+        for round in 0..60 {
+            write_mix(&mut c, round).await;
+        }
+        let (rev, kvs) = dump(&mut c, None).await;
+        (rev, kvs, c.hash_kv(rev).await.unwrap().hash())
+    });
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (backed_up(&w) >= rev).then_some(())
+    });
+    drop(w);
+
+    // The full snapshot's database, padded and put back under the same name.
+    let s = etcd_warden::store::Store::open(&etcd_warden::store::StoreUrl::File {
+        path: dir.path().join("store"),
+    })
+    .unwrap();
+    let fulls = rt.block_on(s.list_fulls()).unwrap();
+    assert_eq!(fulls.len(), 1);
+    let full = fulls[0].0;
+    assert!(full.last_revision() < rev, "the deltas must be needed");
+    let stream_file = dir.path().join("full.stream");
+    let verified = rt
+        .block_on(read_full_to_file(&s, &full, &stream_file, &Default::default()))
+        .unwrap();
+    let mut db_bytes = std::fs::read(&stream_file).unwrap();
+    let db_len = db_bytes.len() - 32;
+    assert_eq!(
+        &db_bytes[db_len..],
+        Sha256::digest(&db_bytes[..db_len]).as_slice()
+    );
+    db_bytes.truncate(db_len);
+    let db = dir.path().join("padded.db");
+    std::fs::write(&db, &db_bytes).unwrap();
+    {
+        let file = BoltFile::open(&db).unwrap();
+        let mut root = file.root_items().unwrap();
+        // An empty inline bucket: its header (root 0) and an empty leaf page.
+        let mut empty = BucketValue::encode(0, 0);
+        empty.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0]);
+        for i in 0..300 {
+            root.push((
+                BUCKET_LEAF,
+                format!("zz-padding-{i:03}").into_bytes(),
+                empty.clone(),
+            ));
+        }
+        root.sort_by(|a, b| a.1.cmp(&b.1));
+        file.commit(root).unwrap();
+    }
+    let mut padded = std::fs::read(&db).unwrap();
+    let sha = Sha256::digest(&padded);
+    padded.extend_from_slice(&sha);
+    std::fs::remove_file(dir.path().join("store").join(full.key())).unwrap();
+    let chunks: Vec<_> = padded.chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+    let (raw, sha_hex, writer) = rt
+        .block_on(upload_stream(
+            &s,
+            &full.key(),
+            &verified.header,
+            full.compression,
+            futures_util::stream::iter(chunks),
+        ))
+        .unwrap();
+    rt.block_on(writer.finish(&Footer {
+        raw_bytes: raw,
+        etcd_sha256: Some(sha_hex),
+        ..verified.footer.clone()
+    }))
+    .unwrap();
+
+    let target = dir.path().join("restored");
+    let ip2 = unique_ip();
+    let (code, out) = restore_cli(&store, &target, &etcd, &ip2, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("the root bucket spans several pages"),
+        "not the shape this test makes:\n{out}"
+    );
+    assert!(
+        out.contains(Via::Etcd.evidence()),
+        "the deltas were not replayed:\n{out}"
+    );
+    let _plain = PlainEtcd::start(&etcd, &ip2, &target, "m1");
+    let (got_rev, got, got_hash) = rt.block_on(async {
+        let mut c = client(&ip2).await;
+        let (r, kvs) = dump(&mut c, None).await;
+        (r, kvs, c.hash_kv(rev).await.unwrap().hash())
+    });
+    assert_eq!(got_rev, rev, "restored revision");
+    assert_eq!(got.len(), original.len(), "key count");
+    for (a, b) in original.iter().zip(&got) {
+        assert_eq!(a, b, "key {:?} differs", String::from_utf8_lossy(&a.0));
+    }
+    assert_eq!(
+        got_hash, hash,
+        "etcd's HashKV of the restore differs from the original's"
+    );
 }

@@ -1,5 +1,7 @@
 //! The start-up check of `run`: a missing data dir is restored, a garbage db is moved aside and
-//! restored, a data dir behind the store is replaced (and kept aside), newer local data is kept.
+//! restored, a data dir behind the store is replaced (and kept aside), newer local data is kept, a
+//! moved-aside dir is put back when the restore fails, an empty data dir waits for an unlistable
+//! store, and a multi-member cluster's member is never restored from the store.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -7,6 +9,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::stores::*;
 use common::*;
 use nix::sys::signal::Signal;
 
@@ -30,6 +33,8 @@ struct Setup {
     ip: String,
     dir: tempfile::TempDir,
     store: String,
+    /// The store's environment (credentials, endpoint).
+    envs: Vec<(&'static str, String)>,
 }
 
 impl Setup {
@@ -42,6 +47,7 @@ impl Setup {
             ip: unique_ip(),
             dir,
             store,
+            envs: Vec::new(),
         }
     }
     fn data(&self) -> std::path::PathBuf {
@@ -50,11 +56,13 @@ impl Setup {
     fn warden(&self) -> Warden {
         let mut argv = vec![self.etcd.display().to_string()];
         argv.extend(etcd_args(&self.ip, &self.data()));
-        Warden::start(
+        Warden::builder(
             &self.ip,
             &["--store", &self.store, "--delta-snapshot-period", "200ms"],
             &argv,
         )
+        .envs(&self.envs)
+        .spawn()
     }
     /// Runs a warden, writes `n` keys with `prefix`, waits until they are in the store, stops it.
     fn write_and_back_up(&self, prefix: &str, n: usize) -> (i64, String) {
@@ -382,4 +390,146 @@ fn a_drill_that_does_not_reproduce_the_live_history_says_so() {
     );
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
+}
+
+/// The data dir is behind the store, so it is moved aside; every full snapshot is corrupt, so the
+/// restore fails: the dir is put back where it was, the warden stops with an error instead of
+/// starting etcd on nothing, and etcd started on it serves exactly what it served before. (Not
+/// compared byte for byte: the validating private etcd opened it and wrote its own bookkeeping.)
+#[test]
+fn a_moved_aside_data_dir_is_put_back_when_the_restore_fails() {
+    let s = Setup::new(etcd35());
+    s.write_and_back_up("a", 5);
+    let copy = s.dir.path().join("behind-copy");
+    copy_dir(&s.data(), &copy);
+    let before = {
+        let plain = PlainEtcd::start(&s.etcd, &s.ip, &copy, "m1");
+        let d = dump(&s.ctl, &s.ip);
+        plain.stop();
+        d
+    };
+    let newest = s.write_and_back_up("b", 5);
+    assert!(newest.0 > before.0);
+    std::fs::remove_dir_all(s.data()).unwrap();
+    std::fs::rename(&copy, s.data()).unwrap();
+    for full in std::fs::read_dir(s.dir.path().join("store/v1/full"))
+        .unwrap()
+        .flatten()
+    {
+        flip_middle_byte(&full.path());
+    }
+
+    let mut w = s.warden();
+    let code = w.wait_exit(START);
+    assert_ne!(
+        code,
+        0,
+        "the warden went on after a failed restore: {}",
+        w.log_text()
+    );
+    assert!(
+        s.data().join("member/snap/db").exists(),
+        "the data dir is not back in place"
+    );
+    for infix in [".behind-", ".broken-", ".restore-"] {
+        assert!(
+            s.siblings(infix).is_empty(),
+            "left beside the data dir: {:?}",
+            s.siblings(infix)
+        );
+    }
+    assert!(
+        w.log_text().contains("the original data dir was put back"),
+        "{}",
+        w.log_text()
+    );
+    let plain = PlainEtcd::start(&s.etcd, &s.ip, &s.data(), "m1");
+    assert_eq!(dump(&s.ctl, &s.ip), before, "the put-back data differs");
+    plain.stop();
+}
+
+/// An empty data dir and a store that refuses connections: the warden waits, not ready, with no
+/// etcd and without creating the data dir; once the store answers, it restores and is ready.
+#[test]
+fn an_empty_data_dir_waits_for_an_unlistable_store_then_restores() {
+    let ip = unique_ip();
+    let moto = moto(&ip, 5000);
+    create_bucket(&moto.addr, "backups");
+    let mut proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
+    let mut s = Setup::new(etcd35());
+    s.store = "s3://backups/etcd/wait".into();
+    s.envs = s3_env(&format!("http://{}", proxy.addr));
+    let original = s.write_and_back_up("w", 8);
+    std::fs::remove_dir_all(s.data()).unwrap();
+
+    proxy.cut();
+    let w = s.warden();
+    wait_for("the warden to say it waits for the store", START, || {
+        assert_eq!(w.etcd_pid(), None, "etcd started on an empty data dir");
+        let (code, body) = w.get("/readyz")?;
+        (code == 503 && body.contains("waiting for the store")).then_some(())
+    });
+    // For 4 s, sampled: not ready, no etcd, the data dir not created, nothing beside it.
+    let until = std::time::Instant::now() + Duration::from_secs(4);
+    while std::time::Instant::now() < until {
+        assert_eq!(w.get("/readyz").map(|r| r.0), Some(503), "ready without a store");
+        assert_eq!(w.etcd_pid(), None, "etcd started on an empty data dir");
+        assert!(!s.data().exists(), "the data dir was created while waiting");
+        assert!(
+            s.siblings(".restore-").is_empty(),
+            "a restore began without a store"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    proxy.restore();
+    w.wait_ready(START);
+    assert_eq!(
+        dump(&s.ctl, &s.ip),
+        bumped(original),
+        "not restored from the store once it answered"
+    );
+}
+
+/// A member of a two-member cluster (two `--initial-cluster` entries) with an empty data dir, on a
+/// store that holds a single member's backups: it never restores them (a lone restore would fork a
+/// cluster); the two members bootstrap as configured and serve none of the backed-up keys.
+#[test]
+fn a_multi_member_cluster_member_is_never_restored_from_the_store() {
+    let s = Setup::new(etcd35());
+    let backed_up = s.write_and_back_up("single", 10);
+    std::fs::remove_dir_all(s.data()).unwrap();
+    let ips = vec![s.ip.clone(), unique_ip()];
+    let data = [s.data(), s.dir.path().join("second")];
+    let wardens: Vec<Warden> = (0..2)
+        .map(|i| {
+            let argv = common::cluster::member_args_token(&s.etcd, &ips, i, &data[i], "never-restored");
+            Warden::start(
+                &ips[i],
+                &["--store", &s.store, "--delta-snapshot-period", "200ms"],
+                &argv,
+            )
+        })
+        .collect();
+    let first = &wardens[0];
+    wait_for("the first member's etcd to start", START, || first.etcd_pid());
+    let status = first.status();
+    assert_eq!(
+        status["restore"]["startup_restores"]["total"], 0,
+        "a cluster member restored from the store: {status}"
+    );
+    assert!(
+        !first.log_text().contains("data dir restored"),
+        "{}",
+        first.log_text()
+    );
+    for w in &wardens {
+        w.wait_ready(START);
+    }
+    let (rev, kvs) = dump(&s.ctl, &s.ip);
+    assert!(
+        !kvs.contains("single") && rev < backed_up.0,
+        "the new cluster serves the single member's backup (revision {rev}): {kvs}"
+    );
+    assert!(s.siblings(".restore-").is_empty());
 }

@@ -120,6 +120,15 @@ impl RestoreOptions {
     }
 }
 
+/// Removes a directory tree when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Whether a path is absent or an empty directory.
 pub fn is_empty_dir(path: &Path) -> bool {
     match std::fs::read_dir(path) {
@@ -172,6 +181,8 @@ pub async fn restore(
     let mut work = opts.data_dir.clone().into_os_string();
     work.push(format!(".restore-{stamp}"));
     let work = PathBuf::from(work);
+    // Removed however the restore ends, also when its future is dropped (Ctrl-C in `restore`).
+    let _work_guard = RemoveOnDrop(work.clone());
     let mut skipped = Vec::new();
     let asked = candidates[0].target_revision;
     for mut cand in candidates {

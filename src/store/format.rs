@@ -112,6 +112,8 @@ pub struct ObjectWriter {
     out: BufWriter,
     hasher: Sha256,
     payload_len: u64,
+    /// Magic, header length and header JSON.
+    head_len: u64,
 }
 
 impl ObjectWriter {
@@ -123,6 +125,7 @@ impl ObjectWriter {
             out,
             hasher: Sha256::new(),
             payload_len: 0,
+            head_len: 0,
         };
         let json = serde_json::to_vec(header).expect("header serializes");
         let mut head = Vec::with_capacity(12 + json.len());
@@ -130,6 +133,7 @@ impl ObjectWriter {
         head.extend_from_slice(&(json.len() as u32).to_le_bytes());
         head.extend_from_slice(&json);
         w.raw(&head).await?;
+        w.head_len = head.len() as u64;
         Ok(w)
     }
 
@@ -166,7 +170,7 @@ impl ObjectWriter {
             key: self.key.clone(),
             source,
         })?;
-        Ok(self.payload_len + json.len() as u64 + TRAILER_LEN as u64)
+        Ok(self.head_len + self.payload_len + json.len() as u64 + TRAILER_LEN as u64)
     }
 
     /// Abandons the upload: nothing becomes visible (multipart parts are discarded).

@@ -191,34 +191,42 @@ mod tests {
             .collect()
     }
 
+    /// One full every 30 minutes for 40 days. NOW is 08:00 UTC, 32 h into its (epoch-aligned) week,
+    /// so the calendar buckets fall at known ages, derived by hand below from the rules in the module
+    /// comment, not from `plan`.
     #[test]
     fn exponential_table() {
-        // One full every 30 minutes for 40 days, newest first (rev 10_000 is newest).
         let fulls: Vec<SnapshotName> = (0..40 * 48u64)
             .map(|i| full(10_000 - i as i64, i * HOUR_MS / 2))
             .collect();
+        assert_eq!(NOW % (24 * HOUR_MS), 8 * HOUR_MS, "the table below assumes 08:00");
+        assert_eq!(NOW % (7 * 24 * HOUR_MS), 32 * HOUR_MS, "and 32 h into the week");
         let deleted = plan(&fulls, &BTreeMap::new(), NOW, Policy::default());
-        let kept: Vec<&SnapshotName> = fulls.iter().filter(|f| !deleted.contains(&f.key())).collect();
-        // Last hour: ages 0, 30m, 60m → 3; then hourly for 24 h, daily for 7 d, weekly for 4 w.
-        let ages: Vec<u64> = kept
+        // Kept ages in half hours.
+        let kept: Vec<u64> = fulls
             .iter()
+            .filter(|f| !deleted.contains(&f.key()))
             .map(|f| (NOW - f.created_ms) / (HOUR_MS / 2))
             .collect();
-        assert!(
-            ages.contains(&0) && ages.contains(&1) && ages.contains(&2),
-            "{ages:?}"
-        );
-        assert!(
-            kept.len() >= 3 + 20 && kept.len() <= 3 + 24 + 7 + 5,
-            "kept {} fulls: {ages:?}",
-            kept.len()
-        );
-        assert!(
-            kept.iter()
-                .all(|f| NOW - f.created_ms <= 28 * 24 * HOUR_MS + HOUR_MS),
-            "older than 4 weeks kept"
-        );
-        assert!(!deleted.contains(&fulls[0].key()), "newest deleted");
+        // The last hour, all: 0, 30 min, 60 min.
+        let mut want: Vec<u64> = vec![0, 1, 2];
+        // Hourly for a day: the newest of each clock hour older than the last hour, 1.5 h … 23.5 h
+        // (the 24 h old one shares the 23.5 h one's hour).
+        want.extend((3..=47).step_by(2));
+        // Daily for a week: the newest of each day; today's (1.5 h) and yesterday's (8.5 h) are kept
+        // already, then 32.5 h, 56.5 h, … 152.5 h (the next, 176.5 h, is past 7 days).
+        want.extend((65..=305).step_by(48));
+        // Weekly for 4 weeks: this week's (1.5 h) and last week's (32.5 h) are kept already, then
+        // 200.5 h, 368.5 h, 536.5 h (the next, 704.5 h, is past 4 weeks).
+        want.extend([401, 737, 1073]);
+        assert_eq!(kept, want, "kept ages in half hours");
+        let band = |lo: u64, hi: u64| kept.iter().filter(|a| **a > lo && **a <= hi).count();
+        assert_eq!(kept.iter().filter(|a| **a <= 2).count(), 3, "last hour");
+        assert_eq!(band(2, 48), 23, "hourly band, 1 h … 24 h");
+        assert_eq!(band(48, 7 * 48), 6, "daily band, 1 d … 7 d");
+        assert_eq!(band(7 * 48, 28 * 48), 3, "weekly band, 7 d … 28 d");
+        assert_eq!(band(28 * 48, u64::MAX), 0, "older than 4 weeks");
+        assert_eq!(deleted.len(), fulls.len() - 35);
     }
 
     #[test]
