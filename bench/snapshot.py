@@ -66,7 +66,7 @@ def main():
     ap.add_argument("--etcd", required=True)
     ap.add_argument("--warden", default="target/release/etcd-warden")
     ap.add_argument("--fill", default="target/release/examples/fill")
-    ap.add_argument("--s3s-fs", default=os.path.expanduser("~/.cargo/bin/s3s-fs"))
+    ap.add_argument("--s3s-fs", default=os.environ.get("S3S_FS", os.path.expanduser("~/.cache/etcd-warden/s3s-fs/bin/s3s-fs")))
     ap.add_argument("--sizes", default="400,1024,2048")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()

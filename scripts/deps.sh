@@ -135,6 +135,18 @@ need_moto() {
     python3 -c 'import moto.server' || die "moto[server] could not be installed"
 }
 
+# A native S3 server for the benchmarks (moto's Python server costs more CPU than the warden it
+# serves, so a snapshot's limit cannot be told apart from moto's). 0.17 needs a newer rustc.
+need_s3s_fs() {
+    local dir="${S3S_FS_DIR:-$HOME/.cache/etcd-warden/s3s-fs}"
+    if [ ! -x "$dir/bin/s3s-fs" ]; then
+        echo "deps: cargo install s3s-fs@0.14.1 (a few minutes)" >&2
+        cargo install -q --root "$dir" s3s-fs@0.14.1 --features binary --locked >&2 \
+            || die "s3s-fs could not be installed (cargo install s3s-fs@0.14.1 --features binary --locked)"
+    fi
+    export S3S_FS="$dir/bin/s3s-fs"
+}
+
 need_azurite() {
     local dir="${AZURITE_DIR:-$HOME/.cache/etcd-warden/azurite}"
     if [ ! -x "$dir/node_modules/.bin/azurite-blob" ]; then
