@@ -232,9 +232,17 @@ fn store_outage_under_writes_never_touches_readiness_and_backups_resume() {
     let env = s3_env(&format!("http://{ip}:5001"));
     let dir = tempfile::tempdir().unwrap();
     let store = "s3://backups/etcd/main";
+    // No scheduled full during the test (one at the hour would be a legal second full).
     let mut w = Warden::builder(
         &ip,
-        &["--store", store, "--delta-snapshot-period", "500ms"],
+        &[
+            "--store",
+            store,
+            "--delta-snapshot-period",
+            "500ms",
+            "--full-snapshot-schedule",
+            "0 0 1 1 *",
+        ],
         &etcd_argv(&etcd, &ip, &dir.path().join("data")),
     )
     .envs(&env)
@@ -243,6 +251,9 @@ fn store_outage_under_writes_never_touches_readiness_and_backups_resume() {
     wait_for("backups to be healthy", START, || {
         (w.status()["backup"]["healthy"] == true).then_some(())
     });
+    let before = w.status();
+    let base = before["backup"]["chain_base"].as_i64().expect("a chain base");
+    assert_eq!(before["backup"]["fulls_total"], 1, "{before}");
 
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
@@ -318,8 +329,16 @@ fn store_outage_under_writes_never_touches_readiness_and_backups_resume() {
         "outage visible in /status after {shown_after:?}; {writes} writes, {checks} readiness checks, all 200"
     );
 
+    // The outage is bridged by the same chain: no new full, the same base.
+    let s = w.status();
+    assert_eq!(
+        s["backup"]["fulls_total"], 1,
+        "a full snapshot after the outage: {s}"
+    );
+    assert_eq!(s["backup"]["chain_base"], base, "the chain was abandoned: {s}");
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
+    assert_one_chain(store, &env, base, rev, "store after the outage");
     let (code, out) = warden_cli(&["backups", "verify", "--store", store], &env);
     assert_eq!(code, 0, "chain broken after the outage:\n{out}");
 }

@@ -284,9 +284,17 @@ fn store_down_30s_under_load_never_drops_readiness_and_leaves_no_gap() {
     let env = s3_env(&format!("http://{ip}:5001"));
     let store = "s3://backups/outage";
     let dir = tempfile::tempdir().unwrap();
+    // No scheduled full during the test (one at the hour would be a legal second full).
     let w = Warden::builder(
         &ip,
-        &["--store", store, "--delta-snapshot-period", "500ms"],
+        &[
+            "--store",
+            store,
+            "--delta-snapshot-period",
+            "500ms",
+            "--full-snapshot-schedule",
+            "0 0 1 1 *",
+        ],
         &argv(&etcd, &ip, &dir.path().join("data")),
     )
     .envs(&env)
@@ -295,6 +303,9 @@ fn store_down_30s_under_load_never_drops_readiness_and_leaves_no_gap() {
     wait_for("backups healthy", START, || {
         (w.status()["backup"]["healthy"] == true).then_some(())
     });
+    let before = w.status();
+    let base = before["backup"]["chain_base"].as_i64().expect("a chain base");
+    assert_eq!(before["backup"]["fulls_total"], 1, "{before}");
     let stop = Arc::new(AtomicBool::new(false));
     let writes = acked_writer(&ip, stop.clone(), false);
     proxy.cut();
@@ -327,7 +338,15 @@ fn store_down_30s_under_load_never_drops_readiness_and_leaves_no_gap() {
         "polls {polls}, writes {}",
         acked.len()
     );
+    // The outage is bridged by the same chain: no new full, the same base.
+    let s = w.status();
+    assert_eq!(
+        s["backup"]["fulls_total"], 1,
+        "a full snapshot after the outage: {s}"
+    );
+    assert_eq!(s["backup"]["chain_base"], base, "the chain was abandoned: {s}");
     drop(w);
+    assert_one_chain(store, &env, base, rev, "store after a 30 s outage");
     let report = verify_store(store, &env);
     assert!(
         report.contains("0 problems"),
