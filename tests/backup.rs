@@ -723,3 +723,157 @@ fn a_compacted_gap_is_a_counted_chain_break_and_a_new_full() {
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
 }
+
+/// `--delta-snapshot-max-bytes` bounds the delta buffer. With the store up, a buffer that reaches
+/// 64 KiB is uploaded at once (the period, 1 h, never comes); with the store cut it is dropped
+/// once it overflows, and a full snapshot follows as soon as the store is back. Every write etcd
+/// acknowledged, before, during and after the outage, is in a restore from the store.
+#[test]
+fn delta_buffer_bound_uploads_early_and_a_dropped_buffer_is_followed_by_a_full() {
+    const MAX: u64 = 64 * 1024;
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let moto = moto(&ip, 5000);
+    create_bucket(&moto.addr, "backups");
+    let mut proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
+    let env = s3_env(&format!("http://{ip}:5001"));
+    let store = "s3://backups/bounded";
+    let dir = tempfile::tempdir().unwrap();
+    let w = Warden::builder(
+        &ip,
+        &[
+            "--store",
+            store,
+            "--delta-snapshot-period",
+            "1h",
+            "--delta-snapshot-max-bytes",
+            "64KiB",
+            "--full-snapshot-schedule",
+            "0 0 1 1 *",
+        ],
+        &etcd_argv(&etcd, &ip, &dir.path().join("data")),
+    )
+    .envs(&env)
+    .spawn();
+    w.wait_ready(START);
+    wait_for("the first full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"] == 1 && w.status()["backup"]["healthy"] == true).then_some(())
+    });
+    let first_base = w.status()["backup"]["chain_base"].as_i64().unwrap();
+    let rt = rt();
+    let mut client = rt.block_on(async {
+        etcd_client::Client::connect([format!("http://{ip}:2379")], None)
+            .await
+            .unwrap()
+    });
+    let mut acked = Vec::new();
+    let mut n = 0;
+    let mut put = |acked: &mut Vec<String>| {
+        let k = format!("k{n:06}");
+        rt.block_on(client.put(k.as_str(), vec![b'v'; 4096], None))
+            .unwrap();
+        acked.push(k);
+        n += 1;
+    };
+
+    // Store up: 160 KiB of writes are uploaded in deltas as the buffer fills, never held longer.
+    for _ in 0..40 {
+        put(&mut acked);
+        let s = w.status();
+        let pending = s["backup"]["pending_delta_bytes"].as_u64().unwrap();
+        assert!(
+            pending < MAX + 8192,
+            "the buffer holds {pending} bytes, over its bound: {s}"
+        );
+    }
+    let rev = etcd_revision(&etcdctl_for(&etcd), &ip);
+    let s = wait_for("early deltas (the period is 1 h)", START, || {
+        let s = w.status();
+        (s["backup"]["deltas_total"].as_u64() >= Some(2)).then_some(s)
+    });
+    assert!(
+        s["backup"]["backed_up_revision"].as_i64().unwrap() >= rev - 20,
+        "more than the bound is waiting for the period: {s}"
+    );
+    let early = backups_list(store, &env);
+    assert!(
+        early.iter().filter(|r| r["kind"] == "delta").count() >= 2,
+        "{early:#?}"
+    );
+
+    // Store cut: the buffer overflows and is dropped; etcd acknowledges writes all along.
+    proxy.cut();
+    let cut_at = w.log_text().len();
+    let dropped = "delta buffer full and the store is failing: dropping it";
+    wait_for(
+        "the overflowing buffer to be dropped",
+        Duration::from_secs(60),
+        || {
+            put(&mut acked);
+            w.log_text()[cut_at..].contains(dropped).then_some(())
+        },
+    );
+    for _ in 0..20 {
+        put(&mut acked);
+    }
+    let during = etcd_revision(&etcdctl_for(&etcd), &ip);
+    assert_eq!(w.status()["backup"]["fulls_total"], 1);
+
+    // Store back: a full snapshot starts a new chain at or after every write made so far.
+    proxy.restore();
+    let s = wait_for(
+        "the full after the dropped buffer",
+        Duration::from_secs(60),
+        || {
+            let s = w.status();
+            (s["backup"]["fulls_total"] == 2).then_some(s)
+        },
+    );
+    let base = s["backup"]["chain_base"].as_i64().unwrap();
+    for _ in 0..5 {
+        put(&mut acked);
+    }
+    drop(put);
+    let last = etcd_revision(&etcdctl_for(&etcd), &ip);
+    let mut w = w;
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    // In the store: the old chain ends where the dropped buffer began, the new full starts after
+    // it (its name's revision is a lower bound read before the stream: the chain continues from
+    // there), and the new chain reaches every write.
+    let rows = backups_list(store, &env);
+    let fulls: Vec<_> = rows.iter().filter(|r| r["kind"] == "full").collect();
+    assert_eq!(
+        fulls.len(),
+        2,
+        "one full at start, one after the dropped buffer: {rows:#?}"
+    );
+    assert_eq!(
+        (fulls[0]["last"].as_i64(), fulls[1]["last"].as_i64()),
+        (Some(first_base), Some(base))
+    );
+    let old_last = rows
+        .iter()
+        .filter(|r| r["kind"] == "delta" && r["chain"] == fulls[0]["chain"])
+        .filter_map(|r| r["last"].as_i64())
+        .max()
+        .unwrap();
+    assert!(
+        old_last < base && old_last < during,
+        "the dropped buffer's revisions were uploaded after all ({old_last}), or the full is older ({base}): {rows:#?}"
+    );
+    let new_last = rows
+        .iter()
+        .filter(|r| r["kind"] == "delta" && r["chain"] == fulls[1]["chain"])
+        .filter_map(|r| r["last"].as_i64())
+        .max()
+        .unwrap_or(base);
+    assert_eq!(
+        new_last, last,
+        "the new chain does not reach the last write: {rows:#?}"
+    );
+    let (code, out) = warden_cli(&["backups", "verify", "--store", store], &env);
+    assert_eq!(code, 0, "{out}");
+    let (restored, _) = keys_after_restore(&etcd, store, &env, "k");
+    assert_none_lost(&acked, &restored, "restore after a dropped delta buffer");
+}
