@@ -326,3 +326,71 @@ fn json_logs_and_etcd_output_passed_through() {
         assert!(v["level"].is_string() && v["message"].is_string(), "{line}");
     }
 }
+
+/// A NOSPACE alarm makes readiness 503 naming it (README: "no NOSPACE/CORRUPT alarm"), for as
+/// long as it is raised, sampled; the operator's fix (compact, defragment, `alarm disarm`) makes it
+/// ready again. The alarm is real: etcd's own quota, raised by writes, checked with etcdctl.
+#[test]
+fn a_nospace_alarm_makes_readiness_503_until_it_is_disarmed() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, &dir.path().join("data")));
+    argv.extend(["--quota-backend-bytes".into(), (16 * 1024 * 1024).to_string()]);
+    let mut w = Warden::start(&ip, &["--health-interval", "200ms"], &argv);
+    w.wait_ready(START);
+    // Distinct 1 MiB values until etcd refuses: its backend is over the quota.
+    let refused = rt().block_on(async {
+        let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], None)
+            .await
+            .unwrap();
+        for i in 0..64u32 {
+            let v: Vec<u8> = (0..1024 * 1024u32)
+                .map(|j| (j.wrapping_mul(2654435761).wrapping_add(i) >> 13) as u8)
+                .collect();
+            if let Err(e) = c.put(format!("fill{i}"), v, None).await {
+                return e.to_string();
+            }
+        }
+        panic!("64 MiB of writes never hit the 16 MiB quota");
+    });
+    assert!(refused.contains("database space exceeded"), "{refused}");
+    let alarms = etcdctl(&ctl, &ip, &["alarm", "list"]).unwrap();
+    assert!(
+        alarms.contains("NOSPACE"),
+        "etcd lists no NOSPACE alarm: {alarms}"
+    );
+    let (_, reason) = wait_for("readiness to turn 503 for the alarm", START, || {
+        w.get("/readyz").filter(|(c, _)| *c == 503)
+    });
+    assert!(
+        reason.contains("NOSPACE"),
+        "the 503 does not name the alarm: {reason}"
+    );
+    // Raised means unready: sampled for 2 s (ten health checks), the warden alive throughout.
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(2) {
+        let (code, body) = w.get("/readyz").unwrap();
+        assert_eq!((code, body.contains("NOSPACE")), (503, true), "{body}");
+        assert_eq!(w.get("/livez").unwrap().0, 200);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        w.status()["etcd"]["phase"],
+        "running",
+        "etcd must not be restarted for an alarm"
+    );
+    // The documented recovery: free space, defragment, disarm.
+    let rev = etcd_revision(&ctl, &ip);
+    etcdctl(&ctl, &ip, &["del", "fill", "--prefix"]).unwrap();
+    etcdctl(&ctl, &ip, &["compact", &(rev + 1).to_string()]).unwrap();
+    etcdctl(&ctl, &ip, &["defrag"]).unwrap();
+    etcdctl(&ctl, &ip, &["alarm", "disarm"]).unwrap();
+    assert_eq!(etcdctl(&ctl, &ip, &["alarm", "list"]).unwrap().trim(), "");
+    w.wait_ready(Duration::from_secs(10));
+    etcdctl(&ctl, &ip, &["put", "after-disarm", "1"]).unwrap();
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+}
