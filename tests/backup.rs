@@ -877,3 +877,100 @@ fn delta_buffer_bound_uploads_early_and_a_dropped_buffer_is_followed_by_a_full()
     let (restored, _) = keys_after_restore(&etcd, store, &env, "k");
     assert_none_lost(&acked, &restored, "restore after a dropped delta buffer");
 }
+
+/// A watch gap while the warden runs: the store is cut, etcd is SIGKILLed (the warden respawns it
+/// and its delta watch must start again), and compaction passes the chain's next revision before
+/// the store is back. The chain cannot continue: a counted chain break with its range, a new full
+/// at or after the compaction, and a restore that holds every acknowledged write.
+#[test]
+fn a_watch_restarted_past_a_compaction_during_a_store_outage_starts_a_new_full() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let moto = moto(&ip, 5000);
+    create_bucket(&moto.addr, "backups");
+    let mut proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
+    let env = s3_env(&format!("http://{ip}:5001"));
+    let store = "s3://backups/gap";
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Warden::builder(
+        &ip,
+        &[
+            "--store",
+            store,
+            "--delta-snapshot-period",
+            "200ms",
+            "--restart-backoff-min",
+            "100ms",
+            "--full-snapshot-schedule",
+            "0 0 1 1 *",
+        ],
+        &etcd_argv(&etcd, &ip, &dir.path().join("data")),
+    )
+    .envs(&env)
+    .spawn();
+    w.wait_ready(START);
+    wait_for("the first full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"] == 1).then_some(())
+    });
+    let mut acked = Vec::new();
+    let mut put = |n: usize| {
+        for _ in 0..n {
+            let k = format!("k{:06}", acked.len());
+            etcdctl(&ctl, &ip, &["put", &k, "v"]).unwrap();
+            acked.push(k);
+        }
+    };
+    put(5);
+    let backed = etcd_revision(&ctl, &ip);
+    wait_backed_up(&w, backed, START);
+
+    proxy.cut();
+    put(5);
+    let old = w.etcd_pid().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), Signal::SIGKILL).unwrap();
+    wait_for("etcd respawned", START, || w.etcd_pid().filter(|p| *p != old));
+    w.wait_ready(START);
+    put(5);
+    let compacted = etcd_revision(&ctl, &ip);
+    etcdctl(&ctl, &ip, &["compact", &compacted.to_string()]).unwrap();
+    assert_eq!(w.status()["backup"]["chain_breaks_total"], 0);
+    proxy.restore();
+
+    let s = wait_for(
+        "a counted chain break and the full after it",
+        Duration::from_secs(60),
+        || {
+            let s = w.status();
+            (s["backup"]["fulls_total"] == 2 && s["backup"]["chain_base"].as_i64() >= Some(compacted))
+                .then_some(s)
+        },
+    );
+    assert_eq!(s["backup"]["chain_breaks_total"], 1, "{s}");
+    assert_eq!(s["backup"]["last_chain_break"]["after"], backed, "{s}");
+    assert_eq!(s["backup"]["last_chain_break"]["compacted"], compacted, "{s}");
+    let base = s["backup"]["chain_base"].as_i64().unwrap();
+    put(3);
+    let last = etcd_revision(&ctl, &ip);
+    wait_backed_up(&w, last, START);
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    let rows = backups_list(store, &env);
+    let fulls: Vec<_> = rows.iter().filter(|r| r["kind"] == "full").collect();
+    assert_eq!(fulls.len(), 2, "{rows:#?}");
+    assert_eq!(fulls[1]["last"], base, "{rows:#?}");
+    let old_last = rows
+        .iter()
+        .filter(|r| r["kind"] == "delta" && r["chain"] == fulls[0]["chain"])
+        .filter_map(|r| r["last"].as_i64())
+        .max();
+    assert_eq!(
+        old_last,
+        Some(backed),
+        "the old chain must end where the store was cut: {rows:#?}"
+    );
+    let (code, out) = warden_cli(&["backups", "verify", "--store", store], &env);
+    assert_eq!(code, 0, "{out}");
+    let (restored, _) = keys_after_restore(&etcd, store, &env, "k");
+    assert_none_lost(&acked, &restored, "restore after a chain break");
+}
