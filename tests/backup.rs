@@ -833,7 +833,6 @@ fn delta_buffer_bound_uploads_early_and_a_dropped_buffer_is_followed_by_a_full()
     for _ in 0..5 {
         put(&mut acked);
     }
-    drop(put);
     let last = etcd_revision(&etcdctl_for(&etcd), &ip);
     let mut w = w;
     w.signal(Signal::SIGTERM);

@@ -483,6 +483,10 @@ fn full_snapshot_requests_over_the_admin_socket_coalesce_one_running_one_pending
         (s["backup"]["fulls_total"].as_u64() == Some(before + 2) && s["backup"]["in_progress"].is_null())
             .then_some(())
     });
+    eprintln!(
+        "the second full took {} s",
+        w.status()["backup"]["last_full"]["duration_seconds"]
+    );
     // And nothing more comes of the coalesced ones: sampled for 2 s.
     let quiet = std::time::Instant::now();
     while quiet.elapsed() < Duration::from_secs(2) {
