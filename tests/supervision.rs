@@ -327,6 +327,30 @@ fn json_logs_and_etcd_output_passed_through() {
     }
 }
 
+/// Readiness turns 503 naming the raised alarm and stays so: sampled for 2 s (ten health checks of
+/// 200 ms), the warden alive and etcd not restarted for it.
+fn unready_while_alarmed(w: &Warden, alarm: &str) {
+    let (_, reason) = wait_for(&format!("readiness to turn 503 for {alarm}"), START, || {
+        w.get("/readyz").filter(|(c, _)| *c == 503)
+    });
+    assert!(
+        reason.contains(alarm),
+        "the 503 does not name the alarm: {reason}"
+    );
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(2) {
+        let (code, body) = w.get("/readyz").unwrap();
+        assert_eq!((code, body.contains(alarm)), (503, true), "{body}");
+        assert_eq!(w.get("/livez").unwrap().0, 200);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        w.status()["etcd"]["phase"],
+        "running",
+        "etcd must not be restarted for an alarm"
+    );
+}
+
 /// A NOSPACE alarm makes readiness 503 naming it (README: "no NOSPACE/CORRUPT alarm"), for as
 /// long as it is raised, sampled; the operator's fix (compact, defragment, `alarm disarm`) makes it
 /// ready again. The alarm is real: etcd's own quota, raised by writes, checked with etcdctl.
@@ -362,26 +386,7 @@ fn a_nospace_alarm_makes_readiness_503_until_it_is_disarmed() {
         alarms.contains("NOSPACE"),
         "etcd lists no NOSPACE alarm: {alarms}"
     );
-    let (_, reason) = wait_for("readiness to turn 503 for the alarm", START, || {
-        w.get("/readyz").filter(|(c, _)| *c == 503)
-    });
-    assert!(
-        reason.contains("NOSPACE"),
-        "the 503 does not name the alarm: {reason}"
-    );
-    // Raised means unready: sampled for 2 s (ten health checks), the warden alive throughout.
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(2) {
-        let (code, body) = w.get("/readyz").unwrap();
-        assert_eq!((code, body.contains("NOSPACE")), (503, true), "{body}");
-        assert_eq!(w.get("/livez").unwrap().0, 200);
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert_eq!(
-        w.status()["etcd"]["phase"],
-        "running",
-        "etcd must not be restarted for an alarm"
-    );
+    unready_while_alarmed(&w, "NOSPACE");
     // The documented recovery: free space, defragment, disarm.
     let rev = etcd_revision(&ctl, &ip);
     etcdctl(&ctl, &ip, &["del", "fill", "--prefix"]).unwrap();
@@ -391,6 +396,42 @@ fn a_nospace_alarm_makes_readiness_503_until_it_is_disarmed() {
     assert_eq!(etcdctl(&ctl, &ip, &["alarm", "list"]).unwrap().trim(), "");
     w.wait_ready(Duration::from_secs(10));
     etcdctl(&ctl, &ip, &["put", "after-disarm", "1"]).unwrap();
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+}
+
+/// A CORRUPT alarm (raised through etcd's own Alarm API, as its corruption check does) makes
+/// readiness 503 naming it; `etcdctl alarm disarm` makes it ready again.
+#[test]
+fn a_corrupt_alarm_makes_readiness_503_until_it_is_disarmed() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let (mut w, ip) = with_etcd(&etcd, &["--health-interval", "200ms"]);
+    w.wait_ready(START);
+    rt().block_on(async {
+        let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], None)
+            .await
+            .unwrap();
+        let member = c.status().await.unwrap().header().unwrap().member_id();
+        let mut opts = etcd_client::AlarmOptions::new();
+        opts.with_member(member);
+        c.alarm(
+            etcd_client::AlarmAction::Activate,
+            etcd_client::AlarmType::Corrupt,
+            Some(opts),
+        )
+        .await
+        .unwrap();
+    });
+    let alarms = etcdctl(&ctl, &ip, &["alarm", "list"]).unwrap();
+    assert!(
+        alarms.contains("CORRUPT"),
+        "etcd lists no CORRUPT alarm: {alarms}"
+    );
+    unready_while_alarmed(&w, "CORRUPT");
+    etcdctl(&ctl, &ip, &["alarm", "disarm"]).unwrap();
+    assert_eq!(etcdctl(&ctl, &ip, &["alarm", "list"]).unwrap().trim(), "");
+    w.wait_ready(Duration::from_secs(10));
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
 }
