@@ -83,6 +83,23 @@ pub fn candidates(
             let Kind::Delta { first, last, .. } = d.kind else {
                 continue;
             };
+            if last < next {
+                continue; // fully covered by what we have (an overlapping retry)
+            }
+            if gap.is_none() && first > next {
+                // A gap: the chain ends here. It costs the restore revisions when the target
+                // wants any past it (a revision inside the gap too).
+                let wanted = match target {
+                    Target::Latest => true,
+                    Target::Revision(r) => r >= next,
+                    Target::Time(t) => d.created_ms <= t,
+                };
+                if !wanted {
+                    break;
+                }
+                gap = Some((d, last));
+                continue;
+            }
             match target {
                 Target::Revision(r) if first > r => break,
                 Target::Time(t) if d.created_ms > t => break,
@@ -90,13 +107,6 @@ pub fn candidates(
             }
             if let Some((_, beyond)) = gap.as_mut() {
                 *beyond = (*beyond).max(last);
-                continue;
-            }
-            if last < next {
-                continue; // fully covered by what we have (an overlapping retry)
-            }
-            if first > next {
-                gap = Some((d, last)); // a gap: the chain ends here
                 continue;
             }
             chosen.push(d);
@@ -266,6 +276,14 @@ mod tests {
         );
         let cs = candidates(&fulls, &c, Target::Revision(37));
         assert_eq!(cs[0].gap.map(|(_, beyond)| beyond), Some(37));
+        let cs = candidates(&fulls, &c, Target::Revision(32));
+        assert_eq!(
+            (cs[0].target_revision, cs[0].gap.map(|(_, beyond)| beyond)),
+            (30, Some(32)),
+            "a target inside the gap is not reached either"
+        );
+        let cs = candidates(&fulls, &c, Target::Revision(30));
+        assert_eq!(cs[0].gap, None);
         let cs = candidates(&fulls, &c, Target::Time(350));
         assert_eq!(cs[0].gap, None, "the delta after the gap is past the target");
     }
