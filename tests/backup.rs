@@ -81,21 +81,16 @@ fn file_store_round_trip(etcd: &Path, v35: bool) {
     let rev = etcd_revision(&ctl, &ip);
     wait_backed_up(&w, rev, Duration::from_secs(20));
 
-    // SIGUSR1 three times at once: coalesced, never two at a time.
+    // SIGUSR1: a full snapshot now (its coalescing is tested through the admin socket in
+    // tests/operate.rs, where a full runs long enough to send requests during it).
     let before = w.status()["backup"]["fulls_total"].as_u64().unwrap();
-    for _ in 0..3 {
-        w.signal(Signal::SIGUSR1);
-    }
-    wait_for("the requested full snapshot", START, || {
-        (w.status()["backup"]["fulls_total"].as_u64().unwrap() > before).then_some(())
+    w.signal(Signal::SIGUSR1);
+    wait_for("the full snapshot SIGUSR1 asked for", START, || {
+        let s = w.status();
+        (s["backup"]["fulls_total"].as_u64().unwrap() > before
+            && s["backup"]["last_full"]["revision"].as_i64() >= Some(rev))
+        .then_some(())
     });
-    std::thread::sleep(Duration::from_millis(500)); // a possible second (coalesced) request completes
-    let after = w.status()["backup"]["fulls_total"].as_u64().unwrap();
-    assert!(
-        after - before <= 2,
-        "three SIGUSR1 produced {} full snapshots",
-        after - before
-    );
     let status = w.status();
     assert_eq!(status["backup"]["healthy"], true, "{status}");
     assert!(status["backup"]["seconds_since_last_success"].as_f64().unwrap() < 30.0);
@@ -232,9 +227,17 @@ fn store_outage_under_writes_never_touches_readiness_and_backups_resume() {
     let env = s3_env(&format!("http://{ip}:5001"));
     let dir = tempfile::tempdir().unwrap();
     let store = "s3://backups/etcd/main";
+    // No scheduled full during the test (one at the hour would be a legal second full).
     let mut w = Warden::builder(
         &ip,
-        &["--store", store, "--delta-snapshot-period", "500ms"],
+        &[
+            "--store",
+            store,
+            "--delta-snapshot-period",
+            "500ms",
+            "--full-snapshot-schedule",
+            "0 0 1 1 *",
+        ],
         &etcd_argv(&etcd, &ip, &dir.path().join("data")),
     )
     .envs(&env)
@@ -243,6 +246,9 @@ fn store_outage_under_writes_never_touches_readiness_and_backups_resume() {
     wait_for("backups to be healthy", START, || {
         (w.status()["backup"]["healthy"] == true).then_some(())
     });
+    let before = w.status();
+    let base = before["backup"]["chain_base"].as_i64().expect("a chain base");
+    assert_eq!(before["backup"]["fulls_total"], 1, "{before}");
 
     let stop = Arc::new(AtomicBool::new(false));
     let writer = {
@@ -318,8 +324,16 @@ fn store_outage_under_writes_never_touches_readiness_and_backups_resume() {
         "outage visible in /status after {shown_after:?}; {writes} writes, {checks} readiness checks, all 200"
     );
 
+    // The outage is bridged by the same chain: no new full, the same base.
+    let s = w.status();
+    assert_eq!(
+        s["backup"]["fulls_total"], 1,
+        "a full snapshot after the outage: {s}"
+    );
+    assert_eq!(s["backup"]["chain_base"], base, "the chain was abandoned: {s}");
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
+    assert_one_chain(store, &env, base, rev, "store after the outage");
     let (code, out) = warden_cli(&["backups", "verify", "--store", store], &env);
     assert_eq!(code, 0, "chain broken after the outage:\n{out}");
 }
@@ -708,4 +722,254 @@ fn a_compacted_gap_is_a_counted_chain_break_and_a_new_full() {
     assert!(w.log_text().contains("CHAIN BREAK"), "{}", w.log_text());
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
+}
+
+/// `--delta-snapshot-max-bytes` bounds the delta buffer. With the store up, a buffer that reaches
+/// 64 KiB is uploaded at once (the period, 1 h, never comes); with the store cut it is dropped
+/// once it overflows, and a full snapshot follows as soon as the store is back. Every write etcd
+/// acknowledged, before, during and after the outage, is in a restore from the store.
+#[test]
+fn delta_buffer_bound_uploads_early_and_a_dropped_buffer_is_followed_by_a_full() {
+    const MAX: u64 = 64 * 1024;
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let moto = moto(&ip, 5000);
+    create_bucket(&moto.addr, "backups");
+    let mut proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
+    let env = s3_env(&format!("http://{ip}:5001"));
+    let store = "s3://backups/bounded";
+    let dir = tempfile::tempdir().unwrap();
+    let w = Warden::builder(
+        &ip,
+        &[
+            "--store",
+            store,
+            "--delta-snapshot-period",
+            "1h",
+            "--delta-snapshot-max-bytes",
+            "64KiB",
+            "--full-snapshot-schedule",
+            "0 0 1 1 *",
+        ],
+        &etcd_argv(&etcd, &ip, &dir.path().join("data")),
+    )
+    .envs(&env)
+    .spawn();
+    w.wait_ready(START);
+    wait_for("the first full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"] == 1 && w.status()["backup"]["healthy"] == true).then_some(())
+    });
+    let first_base = w.status()["backup"]["chain_base"].as_i64().unwrap();
+    let rt = rt();
+    let mut client = rt.block_on(async {
+        etcd_client::Client::connect([format!("http://{ip}:2379")], None)
+            .await
+            .unwrap()
+    });
+    let mut acked = Vec::new();
+    let mut n = 0;
+    let mut put = |acked: &mut Vec<String>| {
+        let k = format!("k{n:06}");
+        rt.block_on(client.put(k.as_str(), vec![b'v'; 4096], None))
+            .unwrap();
+        acked.push(k);
+        n += 1;
+    };
+
+    // Store up: 160 KiB of writes are uploaded in deltas as the buffer fills, never held longer.
+    for _ in 0..40 {
+        put(&mut acked);
+        let s = w.status();
+        let pending = s["backup"]["pending_delta_bytes"].as_u64().unwrap();
+        assert!(
+            pending < MAX + 8192,
+            "the buffer holds {pending} bytes, over its bound: {s}"
+        );
+    }
+    let rev = etcd_revision(&etcdctl_for(&etcd), &ip);
+    let s = wait_for("early deltas (the period is 1 h)", START, || {
+        let s = w.status();
+        (s["backup"]["deltas_total"].as_u64() >= Some(2)).then_some(s)
+    });
+    assert!(
+        s["backup"]["backed_up_revision"].as_i64().unwrap() >= rev - 20,
+        "more than the bound is waiting for the period: {s}"
+    );
+    let early = backups_list(store, &env);
+    assert!(
+        early.iter().filter(|r| r["kind"] == "delta").count() >= 2,
+        "{early:#?}"
+    );
+
+    // Store cut: the buffer overflows and is dropped; etcd acknowledges writes all along.
+    proxy.cut();
+    let cut_at = w.log_text().len();
+    let dropped = "delta buffer full and the store is failing: dropping it";
+    wait_for(
+        "the overflowing buffer to be dropped",
+        Duration::from_secs(60),
+        || {
+            put(&mut acked);
+            w.log_text()[cut_at..].contains(dropped).then_some(())
+        },
+    );
+    for _ in 0..20 {
+        put(&mut acked);
+    }
+    let during = etcd_revision(&etcdctl_for(&etcd), &ip);
+    assert_eq!(w.status()["backup"]["fulls_total"], 1);
+
+    // Store back: a full snapshot starts a new chain at or after every write made so far.
+    proxy.restore();
+    let s = wait_for(
+        "the full after the dropped buffer",
+        Duration::from_secs(60),
+        || {
+            let s = w.status();
+            (s["backup"]["fulls_total"] == 2).then_some(s)
+        },
+    );
+    let base = s["backup"]["chain_base"].as_i64().unwrap();
+    for _ in 0..5 {
+        put(&mut acked);
+    }
+    let last = etcd_revision(&etcdctl_for(&etcd), &ip);
+    let mut w = w;
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    // In the store: the old chain ends where the dropped buffer began, the new full starts after
+    // it (its name's revision is a lower bound read before the stream: the chain continues from
+    // there), and the new chain reaches every write.
+    let rows = backups_list(store, &env);
+    let fulls: Vec<_> = rows.iter().filter(|r| r["kind"] == "full").collect();
+    assert_eq!(
+        fulls.len(),
+        2,
+        "one full at start, one after the dropped buffer: {rows:#?}"
+    );
+    assert_eq!(
+        (fulls[0]["last"].as_i64(), fulls[1]["last"].as_i64()),
+        (Some(first_base), Some(base))
+    );
+    let old_last = rows
+        .iter()
+        .filter(|r| r["kind"] == "delta" && r["chain"] == fulls[0]["chain"])
+        .filter_map(|r| r["last"].as_i64())
+        .max()
+        .unwrap();
+    assert!(
+        old_last < base && old_last < during,
+        "the dropped buffer's revisions were uploaded after all ({old_last}), or the full is older ({base}): {rows:#?}"
+    );
+    let new_last = rows
+        .iter()
+        .filter(|r| r["kind"] == "delta" && r["chain"] == fulls[1]["chain"])
+        .filter_map(|r| r["last"].as_i64())
+        .max()
+        .unwrap_or(base);
+    assert_eq!(
+        new_last, last,
+        "the new chain does not reach the last write: {rows:#?}"
+    );
+    let (code, out) = warden_cli(&["backups", "verify", "--store", store], &env);
+    assert_eq!(code, 0, "{out}");
+    let (restored, _) = keys_after_restore(&etcd, store, &env, "k");
+    assert_none_lost(&acked, &restored, "restore after a dropped delta buffer");
+}
+
+/// A watch gap while the warden runs: the store is cut, etcd is SIGKILLed (the warden respawns it
+/// and its delta watch must start again), and compaction passes the chain's next revision before
+/// the store is back. The chain cannot continue: a counted chain break with its range, a new full
+/// at or after the compaction, and a restore that holds every acknowledged write.
+#[test]
+fn a_watch_restarted_past_a_compaction_during_a_store_outage_starts_a_new_full() {
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let moto = moto(&ip, 5000);
+    create_bucket(&moto.addr, "backups");
+    let mut proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
+    let env = s3_env(&format!("http://{ip}:5001"));
+    let store = "s3://backups/gap";
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Warden::builder(
+        &ip,
+        &[
+            "--store",
+            store,
+            "--delta-snapshot-period",
+            "200ms",
+            "--restart-backoff-min",
+            "100ms",
+            "--full-snapshot-schedule",
+            "0 0 1 1 *",
+        ],
+        &etcd_argv(&etcd, &ip, &dir.path().join("data")),
+    )
+    .envs(&env)
+    .spawn();
+    w.wait_ready(START);
+    wait_for("the first full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"] == 1).then_some(())
+    });
+    let mut acked = Vec::new();
+    let mut put = |n: usize| {
+        for _ in 0..n {
+            let k = format!("k{:06}", acked.len());
+            etcdctl(&ctl, &ip, &["put", &k, "v"]).unwrap();
+            acked.push(k);
+        }
+    };
+    put(5);
+    let backed = etcd_revision(&ctl, &ip);
+    wait_backed_up(&w, backed, START);
+
+    proxy.cut();
+    put(5);
+    let old = w.etcd_pid().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), Signal::SIGKILL).unwrap();
+    wait_for("etcd respawned", START, || w.etcd_pid().filter(|p| *p != old));
+    w.wait_ready(START);
+    put(5);
+    let compacted = etcd_revision(&ctl, &ip);
+    etcdctl(&ctl, &ip, &["compact", &compacted.to_string()]).unwrap();
+    assert_eq!(w.status()["backup"]["chain_breaks_total"], 0);
+    proxy.restore();
+
+    let s = wait_for(
+        "a counted chain break and the full after it",
+        Duration::from_secs(60),
+        || {
+            let s = w.status();
+            (s["backup"]["fulls_total"] == 2 && s["backup"]["chain_base"].as_i64() >= Some(compacted))
+                .then_some(s)
+        },
+    );
+    assert_eq!(s["backup"]["chain_breaks_total"], 1, "{s}");
+    assert_eq!(s["backup"]["last_chain_break"]["after"], backed, "{s}");
+    assert_eq!(s["backup"]["last_chain_break"]["compacted"], compacted, "{s}");
+    let base = s["backup"]["chain_base"].as_i64().unwrap();
+    put(3);
+    let last = etcd_revision(&ctl, &ip);
+    wait_backed_up(&w, last, START);
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    let rows = backups_list(store, &env);
+    let fulls: Vec<_> = rows.iter().filter(|r| r["kind"] == "full").collect();
+    assert_eq!(fulls.len(), 2, "{rows:#?}");
+    assert_eq!(fulls[1]["last"], base, "{rows:#?}");
+    let old_last = rows
+        .iter()
+        .filter(|r| r["kind"] == "delta" && r["chain"] == fulls[0]["chain"])
+        .filter_map(|r| r["last"].as_i64())
+        .max();
+    assert_eq!(
+        old_last,
+        Some(backed),
+        "the old chain must end where the store was cut: {rows:#?}"
+    );
+    let (code, out) = warden_cli(&["backups", "verify", "--store", store], &env);
+    assert_eq!(code, 0, "{out}");
+    let (restored, _) = keys_after_restore(&etcd, store, &env, "k");
+    assert_none_lost(&acked, &restored, "restore after a chain break");
 }

@@ -231,16 +231,32 @@ fn data_dir_filesystem_full_gives_clear_errors_and_loses_no_acknowledged_write()
         }
     });
     assert!(acked.len() < 1000, "the 160 MiB filesystem never filled up");
-    let (code, reason) = wait_for("readiness to drop with the disk full", START, || {
+    wait_for("readiness to drop with the disk full", START, || {
         w.get("/readyz").filter(|(c, _)| *c == 503)
     });
-    assert_eq!(code, 503);
-    assert!(!reason.trim().is_empty());
-    assert_eq!(
-        w.get("/livez").unwrap().0,
-        200,
-        "the warden itself must stay alive"
-    );
+    // While the disk stays full, readiness stays 503 with a reason (no flapping back to ready
+    // between etcd's restarts), and the warden itself stays live: sampled for 3 s.
+    let full_since = Instant::now();
+    let mut samples = 0;
+    let mut reasons = std::collections::BTreeSet::new();
+    while full_since.elapsed() < Duration::from_secs(3) {
+        let (code, reason) = w.get("/readyz").expect("the warden answers with the disk full");
+        assert_eq!(code, 503, "ready again with the disk still full: {reason}");
+        assert!(
+            !reason.trim().is_empty() && reason.trim() != "ready",
+            "the 503 gives no reason: {reason:?}"
+        );
+        reasons.insert(reason.trim().to_owned());
+        assert_eq!(
+            w.get("/livez").unwrap().0,
+            200,
+            "the warden itself must stay alive"
+        );
+        samples += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(samples >= 10, "only {samples} readiness samples in 3 s");
+    eprintln!("readiness reasons with the disk full: {reasons:?}");
     let log = w.log_text();
     assert!(
         log.contains("no space left on device"),
@@ -284,9 +300,17 @@ fn store_down_30s_under_load_never_drops_readiness_and_leaves_no_gap() {
     let env = s3_env(&format!("http://{ip}:5001"));
     let store = "s3://backups/outage";
     let dir = tempfile::tempdir().unwrap();
+    // No scheduled full during the test (one at the hour would be a legal second full).
     let w = Warden::builder(
         &ip,
-        &["--store", store, "--delta-snapshot-period", "500ms"],
+        &[
+            "--store",
+            store,
+            "--delta-snapshot-period",
+            "500ms",
+            "--full-snapshot-schedule",
+            "0 0 1 1 *",
+        ],
         &argv(&etcd, &ip, &dir.path().join("data")),
     )
     .envs(&env)
@@ -295,6 +319,9 @@ fn store_down_30s_under_load_never_drops_readiness_and_leaves_no_gap() {
     wait_for("backups healthy", START, || {
         (w.status()["backup"]["healthy"] == true).then_some(())
     });
+    let before = w.status();
+    let base = before["backup"]["chain_base"].as_i64().expect("a chain base");
+    assert_eq!(before["backup"]["fulls_total"], 1, "{before}");
     let stop = Arc::new(AtomicBool::new(false));
     let writes = acked_writer(&ip, stop.clone(), false);
     proxy.cut();
@@ -327,7 +354,15 @@ fn store_down_30s_under_load_never_drops_readiness_and_leaves_no_gap() {
         "polls {polls}, writes {}",
         acked.len()
     );
+    // The outage is bridged by the same chain: no new full, the same base.
+    let s = w.status();
+    assert_eq!(
+        s["backup"]["fulls_total"], 1,
+        "a full snapshot after the outage: {s}"
+    );
+    assert_eq!(s["backup"]["chain_base"], base, "the chain was abandoned: {s}");
     drop(w);
+    assert_one_chain(store, &env, base, rev, "store after a 30 s outage");
     let report = verify_store(store, &env);
     assert!(
         report.contains("0 problems"),

@@ -414,3 +414,112 @@ fn snapshot_and_restore_show_progress_on_a_terminal() {
         "{text}"
     );
 }
+
+/// Full snapshot requests coalesce (README: "one running, at most one more pending"), driven
+/// through the admin socket with `ctl snapshot full`: one request while a full of ~32 MiB is
+/// running is queued, every further one answers `coalesced`, exactly two fulls result and no third
+/// follows; the store's own objects show the second started only after the first was complete.
+#[test]
+fn full_snapshot_requests_over_the_admin_socket_coalesce_one_running_one_pending() {
+    let etcd = etcd35();
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("admin.sock");
+    let store_dir = dir.path().join("store");
+    let (w, _) = warden_with_file_store(
+        &etcd,
+        &ip,
+        dir.path(),
+        &[
+            "--admin-socket",
+            socket.to_str().unwrap(),
+            "--full-snapshot-schedule",
+            "0 0 1 1 *",
+        ],
+    );
+    // Values that do not compress: each full streams ~32 MiB through etcd's sha256 check.
+    rt().block_on(async {
+        let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], None)
+            .await
+            .unwrap();
+        for i in 0..32u32 {
+            let v: Vec<u8> = (0..1024 * 1024u32)
+                .map(|j| (j.wrapping_mul(2654435761).wrapping_add(i) >> 13) as u8)
+                .collect();
+            c.put(format!("big{i}"), v, None).await.unwrap();
+        }
+    });
+    let before = w.status()["backup"]["fulls_total"].as_u64().unwrap();
+    let request = || {
+        let (code, out, err) = ctl(&socket, &["snapshot", "full"]);
+        assert_eq!(code, 0, "{out}{err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).expect("ctl prints the answer");
+        assert_eq!(v["requested"], "full", "{v}");
+        v["coalesced"].as_bool().expect("coalesced")
+    };
+    assert!(!request(), "the first request was coalesced with nothing running");
+    wait_for("the requested full to be running", START, || {
+        let s = w.status();
+        assert_eq!(
+            s["backup"]["fulls_total"].as_u64(),
+            Some(before),
+            "the full finished before it was seen running (too small to test coalescing): {s}"
+        );
+        s["backup"]["in_progress"].is_string().then_some(())
+    });
+    // While it runs: the next request waits, the rest have nothing to add.
+    let answers: Vec<bool> = (0..4).map(|_| request()).collect();
+    assert!(
+        w.status()["backup"]["in_progress"].is_string(),
+        "the full ended while the requests were sent; they prove nothing"
+    );
+    assert_eq!(
+        answers,
+        [false, true, true, true],
+        "one pending request at most while a full runs"
+    );
+    wait_for("the pending full to complete", Duration::from_secs(60), || {
+        let s = w.status();
+        (s["backup"]["fulls_total"].as_u64() == Some(before + 2) && s["backup"]["in_progress"].is_null())
+            .then_some(())
+    });
+    eprintln!(
+        "the second full took {} s",
+        w.status()["backup"]["last_full"]["duration_seconds"]
+    );
+    // And nothing more comes of the coalesced ones: sampled for 2 s.
+    let quiet = std::time::Instant::now();
+    while quiet.elapsed() < Duration::from_secs(2) {
+        let s = w.status();
+        assert_eq!(s["backup"]["fulls_total"].as_u64(), Some(before + 2), "{s}");
+        assert!(s["backup"]["in_progress"].is_null(), "a third full: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Never two at once, in the store: a full's name carries the time it started, its file was
+    // completed (renamed into place) when it ended.
+    let mut fulls: Vec<(u64, std::time::SystemTime)> = std::fs::read_dir(store_dir.join("v1/full"))
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let started = etcd_warden::store::layout::SnapshotName::parse(&format!("v1/full/{name}"))
+                .unwrap_or_else(|e| panic!("{name}: {e}"))
+                .created_ms;
+            (started, e.metadata().unwrap().modified().unwrap())
+        })
+        .collect();
+    fulls.sort();
+    assert_eq!(fulls.len() as u64, before + 2, "{fulls:?}");
+    for pair in fulls.windows(2) {
+        let ended = pair[0]
+            .1
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        assert!(
+            pair[1].0 >= ended,
+            "a full started at {} ms before the previous one was complete at {ended} ms",
+            pair[1].0
+        );
+    }
+}

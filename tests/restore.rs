@@ -619,11 +619,32 @@ fn chain_files(store_dir: &Path) -> Vec<(i64, std::path::PathBuf)> {
     v
 }
 
+/// How a delta in the middle of the chain is damaged.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Damage {
+    /// One flipped byte (a bad disk, a torn upload).
+    Corrupt,
+    /// The object is gone (deleted by hand, lost by the store, never uploaded).
+    Deleted,
+}
+
 /// One flipped byte in a delta in the middle of the newest chain: the restore stops at the
 /// revision before it (the newest consistent point, not an older full), says which object it
 /// skipped, and exits 2 unless --accept-older; the start-up restore reports it in /status and metrics.
 #[test]
 fn a_corrupt_middle_delta_cuts_the_chain_before_it_and_says_so() {
+    middle_delta_damaged(Damage::Corrupt);
+}
+
+/// A delta in the middle of the newest chain deleted from the store: `backups verify` fails and
+/// names the gap, and the restore is no silent success either: it stops at the revision before the
+/// gap, warns naming the delta after it, and exits 2 unless --accept-older (as for a corrupt one).
+#[test]
+fn a_missing_middle_delta_fails_verify_and_restores_up_to_the_gap_with_a_warning() {
+    middle_delta_damaged(Damage::Deleted);
+}
+
+fn middle_delta_damaged(damage: Damage) {
     let etcd = etcd35();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
@@ -647,9 +668,42 @@ fn a_corrupt_middle_delta_cuts_the_chain_before_it_and_says_so() {
     w.wait_exit(START);
     let deltas = chain_files(&store_dir);
     assert!(deltas.len() >= 3, "want three deltas or more: {deltas:?}");
-    let (bad_first, bad) = deltas[deltas.len() / 2].clone();
-    flip_middle_byte(&bad);
+    let mid = deltas.len() / 2;
+    let (bad_first, bad) = deltas[mid].clone();
+    let key_of = |p: &Path| p.strip_prefix(&store_dir).unwrap().to_string_lossy().into_owned();
+    // What the restore reports as skipped: the corrupt object itself, or (a deleted one is no
+    // longer listed) the delta after the gap.
+    let key = match damage {
+        Damage::Corrupt => {
+            flip_middle_byte(&bad);
+            key_of(&bad)
+        }
+        Damage::Deleted => {
+            std::fs::remove_file(&bad).unwrap();
+            key_of(&deltas[mid + 1].1)
+        }
+    };
     let good = bad_first - 1;
+    let out = Command::new(WARDEN)
+        .args(["backups", "verify", "--store", &store])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "verify must fail:\n{report}");
+    let problem = match damage {
+        Damage::Corrupt => format!("FAIL  {}", key_of(&bad)),
+        Damage::Deleted => "FAIL  chain ".to_owned(),
+    };
+    assert!(report.contains(&problem), "{report}");
+    if damage == Damage::Deleted {
+        assert!(
+            report.contains(&format!(
+                "{key} starts at {}, expected {bad_first} (a gap)",
+                deltas[mid + 1].0
+            )),
+            "the gap is not named:\n{report}"
+        );
+    }
     // etcd's own answer for the state at the last good revision, from the original data dir.
     let want = {
         let _plain = PlainEtcd::start(&etcd, &ip, &dir.path().join("data"), "m1");
@@ -660,12 +714,16 @@ fn a_corrupt_middle_delta_cuts_the_chain_before_it_and_says_so() {
     let restored = dir.path().join("restored");
     let (code, out) = restore_cli(&store, &restored, &etcd, &ip2, &[]);
     assert_eq!(code, 2, "restored less than asked for must not exit 0: {out}");
-    let key = bad
-        .strip_prefix(&store_dir)
-        .unwrap()
-        .to_string_lossy()
-        .into_owned();
     assert!(out.contains(&format!("WARNING: skipped {key}")), "{out}");
+    if damage == Damage::Deleted {
+        assert!(
+            out.contains(&format!(
+                "revisions {bad_first}..{} are in no delta",
+                deltas[mid + 1].0 - 1
+            )),
+            "{out}"
+        );
+    }
     assert!(
         out.contains(&format!("restored revision {good} only")) && out.contains(&newest.to_string()),
         "{out}"

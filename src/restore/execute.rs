@@ -184,7 +184,24 @@ pub async fn restore(
     // Removed however the restore ends, also when its future is dropped (Ctrl-C in `restore`).
     let _work_guard = RemoveOnDrop(work.clone());
     let mut skipped = Vec::new();
-    let asked = candidates[0].target_revision;
+    let mut asked = candidates[0].target_revision;
+    // A missing delta is no object to fail on: the listing ends the chain at the gap. What the
+    // store lists beyond it is what was asked for, so the result counts as older and says why.
+    if let Some((after, beyond)) = candidates[0].gap {
+        let first = match after.kind {
+            crate::store::layout::Kind::Delta { first, .. } => first,
+            crate::store::layout::Kind::Full { revision, .. } => revision,
+        };
+        let reason = format!(
+            "the chain has a gap before it: revisions {}..{} are in no delta in the store (a missing object); restoring up to revision {} only",
+            asked + 1,
+            first - 1,
+            asked
+        );
+        tracing::error!(delta = %after.key(), reason = %reason, "a gap in the chain");
+        skipped.push((after.key(), reason));
+        asked = beyond;
+    }
     for mut cand in candidates {
         let mut unavailable = 0;
         let result = loop {

@@ -30,6 +30,10 @@ pub struct Candidate {
     pub target_revision: i64,
     /// Apply revisions up to and including this one (`None`: all of the listed deltas).
     pub stop_at: Option<i64>,
+    /// A gap in the listing before the target: `(the first delta after it, the revision the
+    /// chain's deltas reach beyond it, capped at the target)`. The chain ends at the gap, so the
+    /// restore reaches less than the store lists (a deleted or never-uploaded delta).
+    pub gap: Option<(SnapshotName, i64)>,
 }
 
 impl Candidate {
@@ -74,6 +78,7 @@ pub fn candidates(
         });
         let mut chosen = Vec::new();
         let mut next = base + 1;
+        let mut gap: Option<(SnapshotName, i64)> = None;
         for d in deltas {
             let Kind::Delta { first, last, .. } = d.kind else {
                 continue;
@@ -81,16 +86,34 @@ pub fn candidates(
             if last < next {
                 continue; // fully covered by what we have (an overlapping retry)
             }
-            if first > next {
-                break; // a gap: the chain ends here
+            if gap.is_none() && first > next {
+                // A gap: the chain ends here. It costs the restore revisions when the target
+                // wants any past it (a revision inside the gap too).
+                let wanted = match target {
+                    Target::Latest => true,
+                    Target::Revision(r) => r >= next,
+                    Target::Time(t) => d.created_ms <= t,
+                };
+                if !wanted {
+                    break;
+                }
+                gap = Some((d, last));
+                continue;
             }
             match target {
                 Target::Revision(r) if first > r => break,
                 Target::Time(t) if d.created_ms > t => break,
                 _ => {}
             }
+            if let Some((_, beyond)) = gap.as_mut() {
+                *beyond = (*beyond).max(last);
+                continue;
+            }
             chosen.push(d);
             next = last + 1;
+        }
+        if let (Some((_, beyond)), Target::Revision(r)) = (gap.as_mut(), target) {
+            *beyond = (*beyond).min(r);
         }
         let reached = next - 1;
         let (target_revision, stop_at) = match target {
@@ -103,6 +126,7 @@ pub fn candidates(
             deltas: chosen,
             target_revision,
             stop_at,
+            gap,
         });
     }
     out
@@ -245,6 +269,23 @@ mod tests {
         assert_eq!(cs[0].target_revision, 20);
         let cs = candidates(&fulls, &c, Target::Latest);
         assert_eq!(cs[0].target_revision, 30, "the chain ends at the gap");
+        assert_eq!(
+            cs[0].gap,
+            Some((delta(10, 35, 40, 400), 40)),
+            "and says what it lists beyond"
+        );
+        let cs = candidates(&fulls, &c, Target::Revision(37));
+        assert_eq!(cs[0].gap.map(|(_, beyond)| beyond), Some(37));
+        let cs = candidates(&fulls, &c, Target::Revision(32));
+        assert_eq!(
+            (cs[0].target_revision, cs[0].gap.map(|(_, beyond)| beyond)),
+            (30, Some(32)),
+            "a target inside the gap is not reached either"
+        );
+        let cs = candidates(&fulls, &c, Target::Revision(30));
+        assert_eq!(cs[0].gap, None);
+        let cs = candidates(&fulls, &c, Target::Time(350));
+        assert_eq!(cs[0].gap, None, "the delta after the gap is past the target");
     }
 
     #[test]

@@ -694,6 +694,53 @@ pub fn keys_after_restore(
     (keys, String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// `backups list --json` of `store`: one row per object (`kind` full|delta, `chain`, `first`,
+/// `last`, `key`, …), in chain order.
+pub fn backups_list(store: &str, envs: &[(&str, String)]) -> Vec<serde_json::Value> {
+    let out = Command::new(WARDEN)
+        .args(["backups", "list", "--json", "--store", store])
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "backups list failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("backups list --json is JSON")
+}
+
+/// The store holds one chain: exactly one full snapshot, at `base`, and deltas of its chain only,
+/// contiguous from `base + 1` to at least `through`. A warden that abandoned its chain (a new full)
+/// or skipped revisions fails this.
+pub fn assert_one_chain(store: &str, envs: &[(&str, String)], base: i64, through: i64, what: &str) {
+    let rows = backups_list(store, envs);
+    let fulls: Vec<_> = rows.iter().filter(|r| r["kind"] == "full").collect();
+    assert_eq!(fulls.len(), 1, "{what}: not one full snapshot: {rows:#?}");
+    assert_eq!(
+        fulls[0]["last"], base,
+        "{what}: the full is not the chain base: {rows:#?}"
+    );
+    let mut next = base + 1;
+    for d in rows.iter().filter(|r| r["kind"] == "delta") {
+        assert_eq!(
+            d["chain"], fulls[0]["chain"],
+            "{what}: a delta of another chain: {d}"
+        );
+        let (first, last) = (d["first"].as_i64().unwrap(), d["last"].as_i64().unwrap());
+        assert!(
+            first <= next,
+            "{what}: a gap before {d} (expected revision {next})"
+        );
+        next = next.max(last + 1);
+    }
+    assert!(
+        next > through,
+        "{what}: the chain ends at {}, below {through}",
+        next - 1
+    );
+}
+
 /// Every key under `prefix` in the etcd at `ip`, sorted.
 pub fn live_keys(etcd: &Path, ip: &str, prefix: &str) -> Vec<String> {
     let out = etcdctl(
