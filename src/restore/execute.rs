@@ -386,6 +386,8 @@ async fn attempt(
         "full snapshot downloaded and verified"
     );
 
+    // The deltas come in while the tool restores the full snapshot.
+    let fetcher = super::write::DeltaFetcher::start(store, cand);
     let tool = restore_tool(opts).ok_or_else(|| {
         Failure::Local(format!(
             "neither etcdutl nor etcdctl beside {}",
@@ -440,7 +442,7 @@ async fn attempt(
     let _ = std::fs::remove_file(&db);
 
     let db = data.join("member").join("snap").join("db");
-    let (revision, applied) = deltas(store, opts, reaper, cand, work, &db).await?;
+    let (revision, applied) = deltas(store, opts, reaper, cand, work, &db, fetcher).await?;
     let served = match opts.bump_revision {
         0 => revision,
         n => bump(&db, n).map_err(Failure::Local)?,
@@ -469,6 +471,7 @@ async fn deltas(
     cand: &Candidate,
     work: &Path,
     db: &Path,
+    fetcher: super::write::DeltaFetcher,
 ) -> Result<(i64, u64), Failure> {
     let needs_deltas = !cand.deltas.is_empty() || cand.stop_at.is_some();
     if !needs_deltas {
@@ -478,7 +481,7 @@ async fn deltas(
         tracing::info!("{REPLAY_THROUGH_ETCD} is set: replaying the deltas through a private etcd");
     } else {
         match MvccFile::open(db) {
-            Ok(file) => return super::write::write_deltas(store, file, cand, &opts.progress).await,
+            Ok(file) => return super::write::write_deltas(fetcher, file, cand, &opts.progress).await,
             // Checked before anything is written: the replay below still works on the file.
             Err(e) => {
                 tracing::warn!(error = %e, db = %db.display(), "cannot write the deltas into the restored db directly; replaying them through a private etcd")

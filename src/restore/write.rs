@@ -134,39 +134,63 @@ async fn fetch_ahead(store: Store, name: SnapshotName) -> Store {
     }
 }
 
+/// The chain's deltas, fetched ahead in order (small ones into memory, see `fetch_ahead`). Started
+/// before the full snapshot is restored, so the first deltas are in hand when etcdutl finishes.
+pub(super) struct DeltaFetcher {
+    sources: tokio::sync::mpsc::Receiver<Store>,
+    task: AbortOnDrop,
+}
+
+/// The fetching task ends with its fetcher (a failed attempt, the fallback to the replay).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl DeltaFetcher {
+    pub(super) fn start(store: &Store, cand: &Candidate) -> Self {
+        use futures_util::StreamExt;
+        let (tx, sources) = tokio::sync::mpsc::channel::<Store>(1);
+        let (store, deltas) = (store.clone(), cand.deltas.clone());
+        let task = tokio::spawn(async move {
+            let mut fetched = futures_util::stream::iter(deltas)
+                .map(|n| fetch_ahead(store.clone(), n))
+                .buffered(FETCH_AHEAD);
+            while let Some(source) = fetched.next().await {
+                if tx.send(source).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Self {
+            sources,
+            task: AbortOnDrop(task),
+        }
+    }
+}
+
 /// Writes the deltas' revisions into the restored db file (see `mvcc`), no etcd running. Runs on a
 /// blocking thread: each delta streams through decompression, decoding and the bbolt writer a chunk
 /// at a time, so memory stays flat however large a delta is, while small deltas are fetched ahead.
 /// Records are written before their delta's digest is checked at its end; a failed check fails the
 /// whole candidate, and nothing is committed to the file before every delta has verified.
 pub(super) async fn write_deltas(
-    store: &Store,
+    fetcher: DeltaFetcher,
     file: MvccFile,
     cand: &Candidate,
     progress: &Progress,
 ) -> Result<(i64, u64), Failure> {
-    use futures_util::StreamExt;
-    let (tx, rx) = tokio::sync::mpsc::channel::<Store>(1);
-    let fetcher = {
-        let (store, deltas) = (store.clone(), cand.deltas.clone());
-        tokio::spawn(async move {
-            let mut sources = futures_util::stream::iter(deltas)
-                .map(|n| fetch_ahead(store.clone(), n))
-                .buffered(FETCH_AHEAD);
-            while let Some(source) = sources.next().await {
-                if tx.send(source).await.is_err() {
-                    return;
-                }
-            }
-        })
-    };
     let (cand, progress) = (cand.clone(), progress.clone());
     let handle = tokio::runtime::Handle::current();
+    let DeltaFetcher { sources, task } = fetcher;
     let result =
-        tokio::task::spawn_blocking(move || write_deltas_blocking(&handle, rx, file, &cand, &progress))
+        tokio::task::spawn_blocking(move || write_deltas_blocking(&handle, sources, file, &cand, &progress))
             .await
             .map_err(|e| Failure::Local(format!("write the deltas: {e}")));
-    fetcher.abort();
+    drop(task);
     result?
 }
 
