@@ -488,6 +488,8 @@ async fn deltas(
             }
         }
     }
+    // The replay reads each delta at its turn: nothing fetched ahead is held meanwhile.
+    drop(fetcher);
     let data = db
         .ancestors()
         .nth(3)

@@ -365,17 +365,19 @@ pub async fn read_full_to_file(
         Some(w) => Some(w.finish().await),
         None => None,
     };
-    let verified = match (read, written) {
-        (_, Some(Err(e))) => return Err(e),
-        (Err(e), _) => return Err(ObjectError::from_format(e)),
-        (Ok(v), written) => (v, written),
-    };
-    let (verified, written) = verified;
     let corrupt = |e: String| ObjectError::Corrupt(format!("{key}: {e}"));
-    let (raw, trailer) = match written {
-        Some(Ok(w)) => w,
+    let (verified, (raw, trailer)) = match (read.map_err(ObjectError::from_format), written) {
+        // The store stopped answering: the worker then met a cut-off stream, which says nothing
+        // about the object (a gzip or age payload fails its end check); retried, never "corrupt".
+        (Err(e @ ObjectError::Unavailable(_)), _) => return Err(e),
+        // The worker stopped first (a full disk, a payload that does not decode): the read then
+        // failed only because the worker was gone.
+        (_, Some(Err(ObjectError::Corrupt(e)))) => return Err(corrupt(e)),
+        (_, Some(Err(e))) => return Err(e),
+        (Err(e), _) => return Err(e),
+        (Ok(v), Some(Ok(w))) => (v, w),
         // An object with an empty payload never started the worker.
-        _ => (0, TrailerCheck::default()),
+        (Ok(v), None) => (v, (0, TrailerCheck::default())),
     };
     if raw != verified.footer.raw_bytes {
         return Err(corrupt(format!(
