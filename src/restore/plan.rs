@@ -92,7 +92,14 @@ pub fn candidates(
                 let wanted = match target {
                     Target::Latest => true,
                     Target::Revision(r) => r >= next,
-                    Target::Time(t) => d.created_ms <= t,
+                    Target::Time(t) if d.created_ms <= t => true,
+                    // The missing delta was written between the last one taken and this one,
+                    // perhaps before the target time: its revisions count as asked for, so a
+                    // restore that cannot tell never passes for complete.
+                    Target::Time(_) => {
+                        gap = Some((d, first - 1));
+                        break;
+                    }
                 };
                 if !wanted {
                     break;
@@ -285,7 +292,11 @@ mod tests {
         let cs = candidates(&fulls, &c, Target::Revision(30));
         assert_eq!(cs[0].gap, None);
         let cs = candidates(&fulls, &c, Target::Time(350));
-        assert_eq!(cs[0].gap, None, "the delta after the gap is past the target");
+        assert_eq!(
+            cs[0].gap,
+            Some((delta(10, 35, 40, 400), 34)),
+            "the missing delta may have been written before the target time"
+        );
     }
 
     #[test]
