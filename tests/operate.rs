@@ -469,9 +469,10 @@ fn full_snapshot_requests_over_the_admin_socket_coalesce_one_running_one_pending
     });
     // While it runs: the next request waits, the rest have nothing to add.
     let answers: Vec<bool> = (0..4).map(|_| request()).collect();
+    let s = w.status();
     assert!(
-        w.status()["backup"]["in_progress"].is_string(),
-        "the full ended while the requests were sent; they prove nothing"
+        s["backup"]["in_progress"].is_string() && s["backup"]["fulls_total"].as_u64() == Some(before),
+        "the first full ended while the requests were sent; they prove nothing: {s}"
     );
     assert_eq!(
         answers,

@@ -96,6 +96,27 @@ fn restore_cli(store: &str, data: &Path, etcd: &Path, ip: &str, extra: &[&str]) 
     restore_cli_via(store, data, etcd, ip, extra, Via::Bbolt)
 }
 
+/// `etcd-warden restore` of the newest chain of `store` into `restored`, as member m1 on `ip`.
+fn restore_command(store: &str, restored: &Path, etcd: &Path, ip: &str, env: &[(&str, String)]) -> Command {
+    let mut restore = Command::new(WARDEN);
+    restore
+        .args(["restore", "--store", store, "--data-dir"])
+        .arg(restored)
+        .args([
+            "--name",
+            "m1",
+            "--initial-cluster",
+            &format!("m1=http://{ip}:2380"),
+        ])
+        .args(["--initial-advertise-peer-urls", &format!("http://{ip}:2380")])
+        .arg("--etcd")
+        .arg(etcd)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    restore
+}
+
 fn restore_cli_via(
     store: &str,
     data: &Path,
@@ -104,30 +125,11 @@ fn restore_cli_via(
     extra: &[&str],
     via: Via,
 ) -> (i32, String) {
-    let mut cmd = Command::new(WARDEN);
+    let mut cmd = restore_command(store, data, etcd, ip, &[]);
     if via == Via::Etcd {
         cmd.env("ETCD_WARDEN_RESTORE_THROUGH_ETCD", "1");
     }
-    let out = cmd
-        .args([
-            "restore",
-            "--store",
-            store,
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--name",
-            "m1",
-        ])
-        .args([
-            "--initial-cluster",
-            &format!("m1=http://{ip}:2380"),
-            "--initial-advertise-peer-urls",
-            &format!("http://{ip}:2380"),
-        ])
-        .args(["--etcd", etcd.to_str().unwrap()])
-        .args(extra)
-        .output()
-        .unwrap();
+    let out = cmd.args(extra).output().unwrap();
     (
         out.status.code().unwrap_or(-1),
         format!(
@@ -824,27 +826,6 @@ fn big_backup_behind_a_proxy(
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
     (proxy, env, rev, hash)
-}
-
-/// `etcd-warden restore` of the newest chain of `store` into `restored`, as member m1 on `ip`.
-fn restore_command(store: &str, restored: &Path, etcd: &Path, ip: &str, env: &[(&str, String)]) -> Command {
-    let mut restore = Command::new(WARDEN);
-    restore
-        .args(["restore", "--store", store, "--data-dir"])
-        .arg(restored)
-        .args([
-            "--name",
-            "m1",
-            "--initial-cluster",
-            &format!("m1=http://{ip}:2380"),
-        ])
-        .args(["--initial-advertise-peer-urls", &format!("http://{ip}:2380")])
-        .arg("--etcd")
-        .arg(etcd)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    restore
 }
 
 /// The store goes away in the middle of the full snapshot's download and comes back 10 s later:

@@ -137,8 +137,10 @@ fn sigkilled_etcd_is_respawned_with_data_intact_and_unready_meanwhile() {
     );
     let first_503 = samples.iter().position(|(_, c, _)| *c == 503).unwrap();
     let (at, _, reason) = &samples[first_503];
+    // The reason below is what tells the supervisor's word from a failed health check; the bound
+    // only says it came promptly (health checks alone would take up to their timeout).
     assert!(
-        *at < Duration::from_millis(300),
+        *at < Duration::from_millis(1500),
         "503 only {at:?} after the kill: {samples:?}"
     );
     assert!(
@@ -336,7 +338,10 @@ fn a_warden_whose_test_thread_died_dies_with_it() {
         let w = Warden::start(&ip, &[], &sh("exec sleep 600"));
         wait_for("the stand-in etcd to start", START, || w.etcd_pid());
         let pid = w.pid();
+        // Its temporary dir goes with the guard's other fields; the process is what is forgotten.
+        let dir = w.dir.path().to_owned();
         std::mem::forget(w);
+        let _ = std::fs::remove_dir_all(dir);
         pid
     })
     .join()
@@ -387,6 +392,7 @@ fn unready_while_alarmed(w: &Warden, alarm: &str) {
         reason.contains(alarm),
         "the 503 does not name the alarm: {reason}"
     );
+    let etcd = w.etcd_pid();
     let t = Instant::now();
     while t.elapsed() < Duration::from_secs(2) {
         let (code, body) = w.get("/readyz").unwrap();
@@ -394,9 +400,10 @@ fn unready_while_alarmed(w: &Warden, alarm: &str) {
         assert_eq!(w.get("/livez").unwrap().0, 200);
         std::thread::sleep(Duration::from_millis(100));
     }
+    assert_eq!(w.etcd_pid(), etcd, "etcd must not be restarted for an alarm");
     assert_eq!(
-        w.status()["etcd"]["phase"],
-        "running",
+        w.status()["etcd"]["restarts"],
+        0,
         "etcd must not be restarted for an alarm"
     );
 }

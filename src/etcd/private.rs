@@ -14,6 +14,7 @@ pub struct PrivateEtcd {
     pid: u32,
     exit: tokio::sync::oneshot::Receiver<ExitStatus>,
     endpoint: String,
+    log_path: std::path::PathBuf,
     stopped: bool,
 }
 
@@ -37,10 +38,27 @@ fn free_port() -> Result<u16, String> {
 }
 
 impl PrivateEtcd {
-    /// Starts etcd on `data` with client and peer listeners on loopback ports nobody else is told.
-    /// `scratch`: the dir is a restore's work dir, so fsync may be skipped (3.5+) and done once
-    /// before the swap; on a real data dir every write is synced as usual.
+    /// Starts etcd on `data` with client and peer listeners on loopback ports nobody else is told,
+    /// and waits for it to answer. `scratch`: the dir is a restore's work dir, so fsync may be
+    /// skipped (3.5+) and done once before the swap; on a real data dir every write is synced as
+    /// usual.
     pub async fn start(
+        reaper: &Reaper,
+        etcd: &Path,
+        data: &Path,
+        name: &str,
+        log_path: &Path,
+        scratch: bool,
+    ) -> Result<Self, String> {
+        let mut me = Self::spawn(reaper, etcd, data, name, log_path, scratch).await?;
+        me.wait_up().await?;
+        Ok(me)
+    }
+
+    /// `start` without the wait: for a caller that may be cancelled while etcd comes up (the
+    /// fence, when ownership returns). It holds the process meanwhile and stops it, waiting for
+    /// its exit, so that nothing else starts on the data dir while this one still has it open.
+    pub async fn spawn(
         reaper: &Reaper,
         etcd: &Path,
         data: &Path,
@@ -103,27 +121,32 @@ impl PrivateEtcd {
         let spawned = reaper
             .spawn(&mut cmd)
             .map_err(|e| format!("start the private etcd: {e}"))?;
-        let mut me = Self {
+        Ok(Self {
             pid: spawned.pid,
             exit: spawned.exit,
             endpoint,
+            log_path,
             stopped: false,
-        };
+        })
+    }
+
+    /// Waits until it answers a read. On an error it has exited (or been stopped).
+    pub async fn wait_up(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if let Ok(status) = me.exit.try_recv() {
-                me.stopped = true;
-                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if let Ok(status) = self.exit.try_recv() {
+                self.stopped = true;
+                let log = std::fs::read_to_string(&self.log_path).unwrap_or_default();
                 let tail: String = log.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
                 return Err(format!("the private etcd exited at start ({status}): {tail}"));
             }
-            if let Ok(mut c) = me.client().await
+            if let Ok(mut c) = self.client().await
                 && revision(&mut c, true).await.is_ok()
             {
-                return Ok(me);
+                return Ok(());
             }
             if Instant::now() > deadline {
-                me.stop().await;
+                self.halt().await;
                 return Err("the private etcd did not come up within 60 s".into());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -140,6 +163,14 @@ impl PrivateEtcd {
     }
 
     pub async fn stop(mut self) {
+        self.halt().await;
+    }
+
+    /// SIGTERM, SIGKILL after 30 s, and the exit awaited (once).
+    async fn halt(&mut self) {
+        if self.stopped {
+            return;
+        }
         self.stopped = true;
         let pid = nix::unistd::Pid::from_raw(self.pid as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);

@@ -130,8 +130,10 @@ async fn attempt(
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
         let data = cwd.join(&cfg.etcd.data_dir);
         let started = Instant::now();
-        *private = Some(
-            PrivateEtcd::start(
+        // Held by the caller while it comes up: abandoned then (ownership back), it is stopped
+        // and its exit awaited before anything else may open the data dir.
+        let etcd = private.insert(
+            PrivateEtcd::spawn(
                 reaper,
                 &cfg.launch.program,
                 &data,
@@ -141,6 +143,10 @@ async fn attempt(
             )
             .await?,
         );
+        if let Err(e) = etcd.wait_up().await {
+            *private = None;
+            return Err(e);
+        }
         tracing::info!(
             ms = started.elapsed().as_millis() as u64,
             "private etcd up for the final snapshot"
