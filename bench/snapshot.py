@@ -69,6 +69,7 @@ def main():
     ap.add_argument("--s3s-fs", default=os.environ.get("S3S_FS", os.path.expanduser("~/.cache/etcd-warden/s3s-fs/bin/s3s-fs")))
     ap.add_argument("--sizes", default="400,1024,2048")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--compare", help="another etcd-warden binary, timed to each server right after --warden")
     a = ap.parse_args()
     etcdctl = os.path.join(os.path.dirname(a.etcd), "etcdctl")
     tmp = tempfile.mkdtemp(prefix="warden-bench-", dir=os.environ.get("BENCH_DIR", "/var/tmp"))
@@ -105,7 +106,8 @@ def main():
             procs.append(etcd)
             wait_port(IP, 2379, "etcd")
             print(run([a.fill, f"http://{IP}:2379", str(size)])[4].strip(), file=sys.stderr)
-            keys = ["etcdctl", "file"] + [f"{k}:{n}" for n in servers for k in ("upload", "warden", "cpu", "floor", "ratio")]
+            keys = ["etcdctl", "file"] + [f"{k}:{n}" for n in servers
+                                          for k in ("upload", "warden", "cpu", "floor", "ratio", "compare")]
             res = {k: [] for k in keys}
             rss = {}
             for r in range(a.rounds):
@@ -142,6 +144,10 @@ def main():
                     res[f"floor:{name}"].append(floor)
                     res[f"ratio:{name}"].append(w / max(res["etcdctl"][-1], res[f"upload:{name}"][-1], floor))
                     rss[name] = max(rss.get(name, 0), m)
+                    if a.compare:
+                        res[f"compare:{name}"].append(run([a.compare, "snapshot", "--store", f"s3://bench/c{r}",
+                                                           "--endpoints", f"http://{IP}:2379", "--compression",
+                                                           "zstd"], env=env)[0])
                     for key in [o["Key"] for o in s3.list_objects_v2(Bucket="bench").get("Contents", [])]:
                         s3.delete_object(Bucket="bench", Key=key)
             rows.append((size, raw, stored, res, rss))
@@ -168,6 +174,10 @@ def main():
                       f"(rounds {', '.join(f'{x:.2f}' for x in res[f'ratio:{name}'])}), peak RSS {rss[name]:.1f} MiB, "
                       f"{raw / med(res[f'warden:{name}']) / 2**20:.0f} MiB/s, "
                       f"{med(c[0] for c in cpu) / raw * 1e9:.2f} warden CPU-ns per DB byte")
+                if a.compare:
+                    print(f"  {name}: {a.compare} -> S3, zstd {med(res[f'compare:{name}']):7.2f} s  "
+                          f"(rounds {', '.join(f'{x:.2f}' for x in res[f'compare:{name}'])}; "
+                          f"--warden rounds {', '.join(f'{x:.2f}' for x in res[f'warden:{name}'])})")
     finally:
         for p in procs:
             p.kill()
