@@ -221,10 +221,7 @@ fn store_outage_under_writes_never_touches_readiness_and_backups_resume() {
     let etcd = etcd35();
     let ctl = etcdctl_for(&etcd);
     let ip = unique_ip();
-    let moto = moto(&ip, 5000);
-    create_bucket(&moto.addr, "backups");
-    let mut proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
-    let env = s3_env(&format!("http://{ip}:5001"));
+    let (_moto, mut proxy, env) = moto_behind_proxy(&ip);
     let dir = tempfile::tempdir().unwrap();
     let store = "s3://backups/etcd/main";
     // No scheduled full during the test (one at the hour would be a legal second full).
@@ -733,10 +730,7 @@ fn delta_buffer_bound_uploads_early_and_a_dropped_buffer_is_followed_by_a_full()
     const MAX: u64 = 64 * 1024;
     let etcd = etcd35();
     let ip = unique_ip();
-    let moto = moto(&ip, 5000);
-    create_bucket(&moto.addr, "backups");
-    let mut proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
-    let env = s3_env(&format!("http://{ip}:5001"));
+    let (_moto, mut proxy, env) = moto_behind_proxy(&ip);
     let store = "s3://backups/bounded";
     let dir = tempfile::tempdir().unwrap();
     let w = Warden::builder(
@@ -886,10 +880,7 @@ fn a_watch_restarted_past_a_compaction_during_a_store_outage_starts_a_new_full()
     let etcd = etcd35();
     let ctl = etcdctl_for(&etcd);
     let ip = unique_ip();
-    let moto = moto(&ip, 5000);
-    create_bucket(&moto.addr, "backups");
-    let mut proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
-    let env = s3_env(&format!("http://{ip}:5001"));
+    let (_moto, mut proxy, env) = moto_behind_proxy(&ip);
     let store = "s3://backups/gap";
     let dir = tempfile::tempdir().unwrap();
     let mut w = Warden::builder(

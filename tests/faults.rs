@@ -294,10 +294,7 @@ fn data_dir_filesystem_full_gives_clear_errors_and_loses_no_acknowledged_write()
 fn store_down_30s_under_load_never_drops_readiness_and_leaves_no_gap() {
     let etcd = etcd35();
     let ip = unique_ip();
-    let moto = moto(&ip, 5000);
-    create_bucket(&moto.addr, "backups");
-    let mut proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
-    let env = s3_env(&format!("http://{ip}:5001"));
+    let (_moto, mut proxy, env) = moto_behind_proxy(&ip);
     let store = "s3://backups/outage";
     let dir = tempfile::tempdir().unwrap();
     // No scheduled full during the test (one at the hour would be a legal second full).

@@ -96,27 +96,6 @@ fn restore_cli(store: &str, data: &Path, etcd: &Path, ip: &str, extra: &[&str]) 
     restore_cli_via(store, data, etcd, ip, extra, Via::Bbolt)
 }
 
-/// `etcd-warden restore` of the newest chain of `store` into `restored`, as member m1 on `ip`.
-fn restore_command(store: &str, restored: &Path, etcd: &Path, ip: &str, env: &[(&str, String)]) -> Command {
-    let mut restore = Command::new(WARDEN);
-    restore
-        .args(["restore", "--store", store, "--data-dir"])
-        .arg(restored)
-        .args([
-            "--name",
-            "m1",
-            "--initial-cluster",
-            &format!("m1=http://{ip}:2380"),
-        ])
-        .args(["--initial-advertise-peer-urls", &format!("http://{ip}:2380")])
-        .arg("--etcd")
-        .arg(etcd)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    restore
-}
-
 fn restore_cli_via(
     store: &str,
     data: &Path,

@@ -172,18 +172,7 @@ fn etcd_3_4_automatic_restore_never_reuses_a_revision_a_client_saw() {
 }
 
 fn restore_cli(store: &str, data: &Path, etcd: &Path, ip: &str, extra: &[&str]) -> String {
-    let out = Command::new(WARDEN)
-        .args(["restore", "--store", store, "--data-dir"])
-        .arg(data)
-        .args([
-            "--name",
-            "m1",
-            "--initial-cluster",
-            &format!("m1=http://{ip}:2380"),
-        ])
-        .args(["--initial-advertise-peer-urls", &format!("http://{ip}:2380")])
-        .arg("--etcd")
-        .arg(etcd)
+    let out = restore_command(store, data, etcd, ip, &[])
         .args(extra)
         .output()
         .unwrap();

@@ -210,25 +210,11 @@ fn backups_over_mutual_tls_restore_to_what_etcdctl_saw() {
     assert!(last >= rev, "the deltas end at {last}, before {rev}");
 
     // Restored with the product's restore, read back with etcdctl from a plain etcd.
-    let restored = d.join("restored");
-    let out = Command::new(WARDEN)
-        .args(["restore", "--store", &store, "--data-dir"])
-        .arg(&restored)
-        .args(["--name", "m1", "--etcd"])
-        .arg(&etcd)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "restore failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let ip2 = unique_ip();
-    let plain = PlainEtcd::start(&etcd, &ip2, &restored, "m1");
-    let restored_kvs = etcdctl(&ctl, &ip2, &["get", "k", "--prefix"]).unwrap();
+    let restored = restored_etcd(&etcd, &store, &[]);
+    let restored_kvs = etcdctl(&ctl, &restored.ip, &["get", "k", "--prefix"]).unwrap();
     assert_eq!(
         restored_kvs, live_kvs,
         "restored keys and values differ from etcdctl's view"
     );
-    plain.stop();
+    restored.etcd.stop();
 }

@@ -480,6 +480,33 @@ pub fn etcd_revision(etcdctl_bin: &Path, ip: &str) -> i64 {
     v["header"]["revision"].as_i64().expect("header.revision")
 }
 
+/// `etcd-warden restore` of the newest chain of `store` into `restored`, as member m1 on `ip`.
+pub fn restore_command(
+    store: &str,
+    restored: &Path,
+    etcd: &Path,
+    ip: &str,
+    env: &[(&str, String)],
+) -> Command {
+    let mut restore = Command::new(WARDEN);
+    restore
+        .args(["restore", "--store", store, "--data-dir"])
+        .arg(restored)
+        .args([
+            "--name",
+            "m1",
+            "--initial-cluster",
+            &format!("m1=http://{ip}:2380"),
+        ])
+        .args(["--initial-advertise-peer-urls", &format!("http://{ip}:2380")])
+        .arg("--etcd")
+        .arg(etcd)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    restore
+}
+
 /// Starts a plain etcd (no warden) on `ip` with `data_dir`; killed on drop.
 pub struct PlainEtcd {
     pub child: Child,
@@ -664,14 +691,9 @@ pub fn acked_writer(
     })
 }
 
-/// Restores the newest chain of `store` (with `envs`, e.g. store credentials), starts etcd on it and
-/// returns every key under `prefix`, sorted, and the restore's log.
-pub fn keys_after_restore(
-    etcd: &Path,
-    store: &str,
-    envs: &[(&str, String)],
-    prefix: &str,
-) -> (Vec<String>, String) {
+/// Restores the newest chain of `store` (with `envs`, e.g. store credentials) with the product's
+/// `restore`, and starts a plain etcd on the result.
+pub fn restored_etcd(etcd: &Path, store: &str, envs: &[(&str, String)]) -> RestoredEtcd {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("restored");
     let out = Command::new(WARDEN)
@@ -688,10 +710,34 @@ pub fn keys_after_restore(
         String::from_utf8_lossy(&out.stderr)
     );
     let ip = unique_ip();
-    let plain = PlainEtcd::start(etcd, &ip, &data, "m1");
-    let keys = live_keys(etcd, &ip, prefix);
-    plain.stop();
-    (keys, String::from_utf8_lossy(&out.stderr).into_owned())
+    RestoredEtcd {
+        etcd: PlainEtcd::start(etcd, &ip, &data, "m1"),
+        ip,
+        log: String::from_utf8_lossy(&out.stderr).into_owned(),
+        _dir: dir,
+    }
+}
+
+/// A plain etcd on a restore of the store: on `ip`, with the restore's log.
+pub struct RestoredEtcd {
+    pub etcd: PlainEtcd,
+    pub ip: String,
+    pub log: String,
+    _dir: tempfile::TempDir,
+}
+
+/// Restores the newest chain of `store` (with `envs`, e.g. store credentials), starts etcd on it and
+/// returns every key under `prefix`, sorted, and the restore's log.
+pub fn keys_after_restore(
+    etcd: &Path,
+    store: &str,
+    envs: &[(&str, String)],
+    prefix: &str,
+) -> (Vec<String>, String) {
+    let r = restored_etcd(etcd, store, envs);
+    let keys = live_keys(etcd, &r.ip, prefix);
+    r.etcd.stop();
+    (keys, r.log)
 }
 
 /// `backups list --json` of `store`: one row per object (`kind` full|delta, `chain`, `first`,

@@ -82,6 +82,16 @@ pub fn create_bucket(addr: &str, bucket: &str) {
     );
 }
 
+/// moto on `ip:5000` with a bucket `backups`, reached through a proxy on `ip:5001` that a test can
+/// cut, hang or slow; the environment points the warden at the proxy.
+pub fn moto_behind_proxy(ip: &str) -> (Emulator, Proxy, Vec<(&'static str, String)>) {
+    let moto = moto(ip, 5000);
+    create_bucket(&moto.addr, "backups");
+    let proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
+    let env = s3_env(&format!("http://{ip}:5001"));
+    (moto, proxy, env)
+}
+
 /// The environment a warden needs for `s3://` on moto: explicit endpoint and credentials, never the
 /// instance metadata service.
 pub fn s3_env(endpoint: &str) -> Vec<(&'static str, String)> {
