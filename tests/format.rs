@@ -48,6 +48,7 @@ fn name(rev: i64) -> SnapshotName {
         created_ms: 1_795_900_000_000 + rev as u64,
         compression: Compression::Zstd,
         encryption: Encryption::Plain,
+        layout: etcd_warden::store::layout::Layout::Warden,
     }
 }
 
@@ -243,6 +244,7 @@ fn s3_store_never_shows_a_partial_snapshot() {
         },
         inner: std::sync::Arc::new(store),
         keys: Default::default(),
+        gbr_lease_ttl: 3600,
     };
     exercise(&store, &rt);
 }

@@ -153,6 +153,7 @@ mod tests {
             created_ms: t,
             compression: Compression::Zstd,
             encryption: Encryption::Plain,
+            layout: crate::store::layout::Layout::Warden,
         }
     }
     /// An older-layout delta (its chain found by `legacy_owner`).

@@ -908,7 +908,8 @@ impl Backup {
 
     async fn apply_retention(&mut self, store: &Store) {
         let result: Result<usize, crate::store::StoreError> = async {
-            let (fulls, chains) = store.catalog().await?;
+            // Only what this program wrote: GBR's objects beside it stay as they are.
+            let (fulls, chains) = store.own_catalog().await?;
             let doomed = retention::plan(
                 &fulls,
                 &chains,

@@ -150,10 +150,49 @@ impl Unpacker {
     }
 }
 
+impl From<Decompressor> for Unpacker {
+    /// A plain payload in another program's compression (GBR's zlib and lzw).
+    fn from(de: Decompressor) -> Self {
+        Self { open: None, de }
+    }
+}
+
 pub enum Decompressor {
     Zstd(zstd::stream::write::Decoder<'static, Vec<u8>>),
     Gzip(flate2::write::GzDecoder<Vec<u8>>),
+    /// Read only: GBR's `zlib` policy (Go's compress/zlib).
+    Zlib(flate2::write::ZlibDecoder<Vec<u8>>),
+    /// Read only: GBR's `lzw` policy (Go's compress/lzw, LSB first, 8-bit literals).
+    Lzw(Box<LzwStream>),
     None(Vec<u8>),
+}
+
+/// An LZW code stream decoded as it arrives; it must end with its end code.
+pub struct LzwStream {
+    de: weezl::decode::Decoder,
+    out: Vec<u8>,
+    done: bool,
+}
+
+impl LzwStream {
+    fn write(&mut self, mut data: &[u8]) -> io::Result<()> {
+        let mut buf = [0u8; 16 << 10];
+        while !data.is_empty() {
+            if self.done {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, "data after the lzw end code"));
+            }
+            let r = self.de.decode_bytes(data, &mut buf);
+            self.out.extend_from_slice(&buf[..r.consumed_out]);
+            data = &data[r.consumed_in..];
+            match r.status {
+                Ok(weezl::LzwStatus::Done) => self.done = true,
+                Ok(weezl::LzwStatus::Ok) => {}
+                Ok(weezl::LzwStatus::NoProgress) => break,
+                Err(e) => return Err(io::Error::new(io::ErrorKind::InvalidData, e.to_string())),
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Decompressor {
@@ -165,10 +204,24 @@ impl Decompressor {
         })
     }
 
+    pub fn zlib() -> Self {
+        Self::Zlib(flate2::write::ZlibDecoder::new(Vec::new()))
+    }
+
+    pub fn lzw() -> Self {
+        Self::Lzw(Box::new(LzwStream {
+            de: weezl::decode::Decoder::new(weezl::BitOrder::Lsb, 8),
+            out: Vec::new(),
+            done: false,
+        }))
+    }
+
     pub fn write(&mut self, data: &[u8]) -> io::Result<()> {
         match self {
             Self::Zstd(d) => d.write_all(data),
             Self::Gzip(d) => d.write_all(data),
+            Self::Zlib(d) => d.write_all(data),
+            Self::Lzw(d) => d.write(data),
             Self::None(v) => {
                 v.extend_from_slice(data);
                 Ok(())
@@ -180,6 +233,8 @@ impl Decompressor {
         match self {
             Self::Zstd(d) => std::mem::take(d.get_mut()),
             Self::Gzip(d) => std::mem::take(d.get_mut()),
+            Self::Zlib(d) => std::mem::take(d.get_mut()),
+            Self::Lzw(d) => std::mem::take(&mut d.out),
             Self::None(v) => std::mem::take(v),
         }
     }
@@ -193,6 +248,12 @@ impl Decompressor {
                 Ok(out)
             }
             Self::Gzip(d) => d.finish(),
+            Self::Zlib(d) => d.finish(),
+            Self::Lzw(d) if d.done => Ok(d.out),
+            Self::Lzw(_) => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the lzw stream ends before its end code",
+            )),
             Self::None(v) => Ok(v),
         }
     }

@@ -183,6 +183,7 @@ pub async fn upload(
         created_ms: layout::now_ms(),
         compression,
         encryption: store.encryption(),
+        layout: layout::Layout::Warden,
     };
     let header = Header {
         format: 1,

@@ -117,6 +117,7 @@ pub async fn take_full(
         created_ms: layout::now_ms(),
         compression,
         encryption: store.encryption(),
+        layout: layout::Layout::Warden,
     };
     let header = Header {
         format: 1,

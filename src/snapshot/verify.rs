@@ -10,7 +10,7 @@ use super::compress::Unpacker;
 use super::delta_codec::{Decoder, Record};
 use super::full::TrailerCheck;
 use crate::store::format::{self, Verified};
-use crate::store::layout::{Encryption, Kind, SnapshotName};
+use crate::store::layout::{Encryption, Kind, Layout, SnapshotName};
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, Clone, Serialize)]
@@ -79,6 +79,9 @@ impl From<ObjectError> for String {
 /// far as that allows: its framing and the digest of its (encrypted) payload, which the store's
 /// holder can verify without being able to read it.
 pub async fn verify_object(store: &Store, name: &SnapshotName) -> Result<Verified, String> {
+    if !name.is_own() {
+        return read_verified(store, name, |_| Ok(())).await.map_err(String::from);
+    }
     if name.encryption == Encryption::Age && store.keys.identities.is_empty() {
         return format::read_object(store.inner.as_ref(), &name.key(), |_, _| Ok(()))
             .await
@@ -98,6 +101,9 @@ pub async fn read_verified<F>(store: &Store, name: &SnapshotName, on_raw: F) -> 
 where
     F: FnMut(&[u8]) -> Result<(), String>,
 {
+    if let Layout::Gbr(g) = &name.layout {
+        return crate::gbr::read::read_verified(store, name, g, on_raw).await;
+    }
     let mut unavailable = None;
     read_checked(store, name, on_raw, &mut unavailable)
         .await
@@ -329,6 +335,9 @@ pub async fn read_full_to_file(
     path: &std::path::Path,
     progress: &crate::telemetry::Progress,
 ) -> Result<Verified, ObjectError> {
+    if let Layout::Gbr(g) = &name.layout {
+        return crate::gbr::read::read_full_to_file(store, name, g, path, progress).await;
+    }
     let local = |e: String| ObjectError::Local(e);
     let file = std::fs::File::create(path).map_err(|e| local(format!("create {}: {e}", path.display())))?;
     let key = name.key();
@@ -392,13 +401,13 @@ pub async fn read_full_to_file(
 
 /// The second half of `read_full_to_file`, on its own thread: stored bytes in, etcd's stream out to
 /// the file, counted and checksummed on the way.
-struct FullWorker {
+pub(crate) struct FullWorker {
     tx: std::sync::mpsc::SyncSender<Vec<u8>>,
     thread: std::thread::JoinHandle<Result<(u64, TrailerCheck), ObjectError>>,
 }
 
 impl FullWorker {
-    fn start(
+    pub(crate) fn start(
         mut unpacker: Unpacker,
         file: std::fs::File,
         path: std::path::PathBuf,
@@ -433,7 +442,7 @@ impl FullWorker {
     }
 
     /// Hands one stored chunk over, waiting while the worker is `FULL_QUEUE` chunks behind.
-    fn send(&self, chunk: Vec<u8>) -> Result<(), ()> {
+    pub(crate) fn send(&self, chunk: Vec<u8>) -> Result<(), ()> {
         let send = || self.tx.send(chunk).map_err(|_| ());
         match tokio::runtime::Handle::current().runtime_flavor() {
             tokio::runtime::RuntimeFlavor::CurrentThread => send(),
@@ -442,7 +451,7 @@ impl FullWorker {
     }
 
     /// Waits for the worker to take in everything sent.
-    async fn finish(self) -> Result<(u64, TrailerCheck), ObjectError> {
+    pub(crate) async fn finish(self) -> Result<(u64, TrailerCheck), ObjectError> {
         let Self { tx, thread } = self;
         drop(tx);
         tokio::task::spawn_blocking(move || thread.join())

@@ -280,7 +280,7 @@ const FILE_CHUNK: usize = 1 << 20;
 /// An object's bytes as a stream. A local file (the `file://` store) is read in `FILE_CHUNK`
 /// pieces on one blocking thread, a few pieces ahead of the reader; other stores' streams pass
 /// through.
-fn byte_stream(
+pub(crate) fn byte_stream(
     result: object_store::GetResult,
 ) -> futures_util::stream::BoxStream<'static, object_store::Result<Bytes>> {
     let object_store::GetResultPayload::File(mut file, path) = result.payload else {

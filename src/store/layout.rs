@@ -115,14 +115,26 @@ pub fn legacy_owner(delta: &SnapshotName, fulls: &[SnapshotName]) -> Option<Chai
         })
 }
 
+/// Who wrote an object, and so how its key reads and its bytes decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// This program's own format (docs/FORMAT.md).
+    Warden,
+    /// Gardener's etcd-backup-restore, read in place (`crate::gbr`); never written or deleted.
+    Gbr(crate::gbr::GbrName),
+}
+
 /// A snapshot's identity, as encoded in its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SnapshotName {
     pub kind: Kind,
     /// Creation time, millisecond precision.
     pub created_ms: u64,
+    /// The warden's own payload encoding; `None` and `Plain` for another layout, whose own
+    /// encoding `layout` names.
     pub compression: Compression,
     pub encryption: Encryption,
+    pub layout: Layout,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -169,7 +181,23 @@ impl SnapshotName {
     }
 
     /// The key relative to the store's prefix.
+    /// Written by this program (retention and the backup loop touch nothing else).
+    pub fn is_own(&self) -> bool {
+        self.layout == Layout::Warden
+    }
+
+    /// How the payload is compressed, as `backups list` shows it.
+    pub fn compression_label(&self) -> &'static str {
+        match self.layout {
+            Layout::Warden => self.compression.as_str(),
+            Layout::Gbr(g) => g.compression.as_str(),
+        }
+    }
+
     pub fn key(&self) -> String {
+        if let Layout::Gbr(g) = &self.layout {
+            return crate::gbr::names::key(self, g);
+        }
         let created = format_time(self.created_ms);
         let (c, e) = (self.compression.as_str(), self.encryption.as_str());
         match self.kind {
@@ -190,7 +218,14 @@ impl SnapshotName {
     }
 
     /// Parses a key relative to the store's prefix.
+    /// Reads a key of this program's layout or of GBR's (`crate::gbr::names`).
     pub fn parse(key: &str) -> Result<Self, ParseError> {
+        if key.starts_with("v2/") || key.starts_with("v1/Backup-") {
+            return crate::gbr::names::parse(key).ok_or(ParseError {
+                key: key.to_owned(),
+                reason: "not a snapshot of etcd-backup-restore's layout",
+            });
+        }
         let err = |reason| ParseError {
             key: key.to_owned(),
             reason,
@@ -223,6 +258,7 @@ impl SnapshotName {
                 created_ms: parse_time(parts[1]).ok_or(err("bad creation time"))?,
                 compression: Compression::parse(parts[2]).ok_or(err("unknown compression"))?,
                 encryption: Encryption::parse(parts[3]).ok_or(err("unknown encryption"))?,
+                layout: Layout::Warden,
             })
         } else if let Some(rest) = stem.strip_prefix("delta/") {
             let (dir, file) = rest
@@ -253,6 +289,7 @@ impl SnapshotName {
                 created_ms: parse_time(parts[2]).ok_or(err("bad creation time"))?,
                 compression: Compression::parse(parts[3]).ok_or(err("unknown compression"))?,
                 encryption: Encryption::parse(parts[4]).ok_or(err("unknown encryption"))?,
+                layout: Layout::Warden,
             })
         } else {
             Err(err("neither full/ nor delta/"))
@@ -363,6 +400,7 @@ mod tests {
                 created_ms,
                 compression,
                 encryption,
+                layout: Layout::Warden,
             });
         }
         v
@@ -385,6 +423,7 @@ mod tests {
             created_ms: 1_795_969_800_123,
             compression: Compression::Zstd,
             encryption: Encryption::Plain,
+            layout: Layout::Warden,
         };
         assert_eq!(
             n.key(),
@@ -439,6 +478,7 @@ mod tests {
             created_ms,
             compression: Compression::Zstd,
             encryption: Encryption::Plain,
+            layout: Layout::Warden,
         };
         let fulls = [full(1_000), full(5_000)];
         let delta = |created_ms| SnapshotName {

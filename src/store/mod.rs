@@ -79,7 +79,14 @@ pub struct Store {
     pub inner: Arc<dyn ObjectStore>,
     /// age keys: recipients to encrypt new snapshots to, identities to read encrypted ones.
     pub keys: crate::snapshot::crypt::Keys,
+    /// The TTL (seconds) a restore gives a lease that a GBR delta names but does not describe
+    /// (`--gbr-lease-ttl`; `crate::gbr::read`).
+    pub gbr_lease_ttl: i64,
 }
+
+/// `--gbr-lease-ttl`'s default: Kubernetes' `--event-ttl`, what nearly every leased key in a
+/// Kubernetes etcd is.
+pub const GBR_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// `--store-credentials FILE`: `KEY=VALUE` lines with the same names as the environment variables
 /// (AWS_ACCESS_KEY_ID, AZURE_STORAGE_ACCOUNT_KEY, GOOGLE_SERVICE_ACCOUNT_KEY, …), applied over the
@@ -151,6 +158,11 @@ macro_rules! configure {
 impl Store {
     pub fn with_keys(mut self, keys: crate::snapshot::crypt::Keys) -> Self {
         self.keys = keys;
+        self
+    }
+
+    pub fn with_gbr_lease_ttl(mut self, ttl: std::time::Duration) -> Self {
+        self.gbr_lease_ttl = ttl.as_secs().clamp(1, i64::MAX as u64) as i64;
         self
     }
 
@@ -242,6 +254,7 @@ impl Store {
             url: url.clone(),
             inner,
             keys: Default::default(),
+            gbr_lease_ttl: GBR_LEASE_TTL.as_secs() as i64,
         })
     }
 
@@ -335,29 +348,70 @@ impl Store {
         Ok(dirs)
     }
 
-    /// Every full snapshot, and every chain's deltas keyed by the chain (one listing per chain
-    /// directory). Deltas whose full is gone sit under their base with creation time 0, a chain no
-    /// full starts.
+    /// Every full snapshot a restore can read, the warden's own and GBR's (`crate::gbr`), and every
+    /// chain's deltas keyed by the chain (one listing per chain directory). Deltas whose full is
+    /// gone sit under their base with creation time 0, a chain no full starts.
     pub async fn catalog(&self) -> Result<(Vec<SnapshotName>, Catalog), StoreError> {
-        let (fulls, chains) = self.catalog_with_meta().await?;
-        let chains = chains
-            .into_iter()
-            .map(|(c, v)| (c, v.into_iter().map(|(n, _)| n).collect()))
-            .collect();
-        Ok((fulls.into_iter().map(|(n, _)| n).collect(), chains))
+        Ok(strip_meta(self.catalog_with_meta().await?))
+    }
+
+    /// The warden's own objects only: what retention may delete.
+    pub async fn own_catalog(&self) -> Result<(Vec<SnapshotName>, Catalog), StoreError> {
+        Ok(strip_meta(self.own_catalog_with_meta().await?))
     }
 
     /// [`Store::catalog`] with each object's metadata (size, time).
-    #[allow(clippy::type_complexity)]
-    pub async fn catalog_with_meta(
-        &self,
-    ) -> Result<
-        (
-            Vec<(SnapshotName, ObjectMeta)>,
-            std::collections::BTreeMap<ChainId, Vec<(SnapshotName, ObjectMeta)>>,
-        ),
-        StoreError,
-    > {
+    pub async fn catalog_with_meta(&self) -> Result<MetaCatalog, StoreError> {
+        let (mut fulls, mut chains) = self.own_catalog_with_meta().await?;
+        let (gbr_fulls, gbr_chains) = self.gbr_catalog_with_meta().await?;
+        fulls.extend(gbr_fulls);
+        fulls.sort_by_key(|(n, _)| (n.last_revision(), n.created_ms));
+        for (chain, deltas) in gbr_chains {
+            chains.entry(chain).or_default().extend(deltas);
+        }
+        Ok((fulls, chains))
+    }
+
+    /// GBR's snapshots under this prefix: `v2/` listed whole, and each of the older layout's
+    /// `v1/Backup-<s>/` directories (found with one delimited listing of `v1/`). Each delta in the
+    /// chain of the full it extends (`gbr::names::assign_chains`).
+    pub async fn gbr_catalog_with_meta(&self) -> Result<MetaCatalog, StoreError> {
+        let mut all = self.list_dir("v2").await?;
+        let v1 = Path::from(layout::VERSION_DIR);
+        let dirs = self
+            .inner
+            .list_with_delimiter(Some(&v1))
+            .await
+            .map_err(|source| StoreError::List {
+                prefix: v1.to_string(),
+                url: self.url.to_string(),
+                source,
+            })?;
+        for dir in &dirs.common_prefixes {
+            if dir.filename().is_some_and(|f| f.starts_with("Backup-")) {
+                all.extend(self.list_dir(dir.as_ref()).await?);
+            }
+        }
+        all.retain(|(n, _)| !n.is_own());
+        let (mut fulls, mut deltas): (Vec<_>, Vec<_>) = all.into_iter().partition(|(n, _)| n.is_full());
+        fulls.sort_by_key(|(n, _)| (n.last_revision(), n.created_ms));
+        let names: Vec<SnapshotName> = fulls.iter().map(|(n, _)| *n).collect();
+        let mut delta_names: Vec<SnapshotName> = deltas.iter().map(|(n, _)| *n).collect();
+        crate::gbr::names::assign_chains(&names, &mut delta_names);
+        let mut chains = std::collections::BTreeMap::<ChainId, Vec<_>>::new();
+        for ((_, m), n) in deltas.drain(..).zip(delta_names) {
+            if let Some(chain) = n.chain() {
+                chains.entry(chain).or_default().push((n, m));
+            }
+        }
+        for deltas in chains.values_mut() {
+            sort_chain(deltas);
+        }
+        Ok((fulls, chains))
+    }
+
+    /// [`Store::own_catalog`] with each object's metadata.
+    pub async fn own_catalog_with_meta(&self) -> Result<MetaCatalog, StoreError> {
         let fulls = self.list_fulls().await?;
         let names: Vec<SnapshotName> = fulls.iter().map(|(n, _)| *n).collect();
         let mut chains = std::collections::BTreeMap::<ChainId, Vec<_>>::new();
@@ -439,6 +493,20 @@ impl Store {
 
 /// Every chain's deltas, keyed by the full snapshot that starts it.
 pub type Catalog = std::collections::BTreeMap<ChainId, Vec<SnapshotName>>;
+
+/// Full snapshots and chains, with each object's metadata (size, time).
+pub type MetaCatalog = (
+    Vec<(SnapshotName, ObjectMeta)>,
+    std::collections::BTreeMap<ChainId, Vec<(SnapshotName, ObjectMeta)>>,
+);
+
+fn strip_meta((fulls, chains): MetaCatalog) -> (Vec<SnapshotName>, Catalog) {
+    let chains = chains
+        .into_iter()
+        .map(|(c, v)| (c, v.into_iter().map(|(n, _)| n).collect()))
+        .collect();
+    (fulls.into_iter().map(|(n, _)| n).collect(), chains)
+}
 
 /// Deltas by first revision, then last, then creation time.
 fn chain_order(n: &SnapshotName) -> (i64, i64, u64) {

@@ -162,6 +162,7 @@ mod tests {
             created_ms: NOW - age_ms,
             compression: Compression::Zstd,
             encryption: Encryption::Plain,
+            layout: crate::store::layout::Layout::Warden,
         }
     }
 
