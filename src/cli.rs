@@ -152,7 +152,12 @@ async fn list(url: &str, as_json: bool) -> i32 {
                     "key": n.key(), "kind": kind, "base": base, "first": first, "last": last,
                     "chain": chain.map(|c| c.to_string()),
                     "created": humantime::format_rfc3339_millis(n.created()).to_string(),
-                    "compression": n.compression.as_str(), "encryption": n.encryption.as_str(),
+                    "compression": n.compression_label(), "encryption": n.encryption.as_str(),
+                    "layout": match n.layout {
+                        crate::store::layout::Layout::Warden => "warden",
+                        crate::store::layout::Layout::Gbr(g) if g.v1_dir.is_some() => "gbr-v1",
+                        crate::store::layout::Layout::Gbr(_) => "gbr-v2",
+                    },
                     "final": is_final, "size": size,
                 })
             })
@@ -326,6 +331,7 @@ pub async fn restore(
         Ok(s) => s,
         Err(code) => return code,
     };
+    let store = store.with_gbr_lease_ttl(args.gbr_lease_ttl);
     if !crate::restore::execute::is_empty_dir(&args.data_dir) {
         eprintln!(
             "etcd-warden: --data-dir {:?}: exists and is not empty (restore into a new or empty directory; nothing was changed)",

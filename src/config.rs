@@ -181,6 +181,10 @@ pub struct RestoreArgs {
     /// Mark every revision up to the bumped one compacted (required with --bump-revision > 0).
     #[arg(long)]
     pub mark_compacted: bool,
+    /// TTL of a lease that an etcd-backup-restore delta names: GBR records no TTL (one the full
+    /// snapshot holds keeps its own)
+    #[arg(long, default_value = "1h", value_name = "DURATION", value_parser = parse_duration_arg)]
+    pub gbr_lease_ttl: Duration,
     /// Exit 0 even when corrupt or missing objects made the restore end below the newest backup
     /// (without it that is exit 2; the restored data dir is left in place either way).
     #[arg(long)]
@@ -357,6 +361,9 @@ pub struct RunOptions {
     /// age identity file for restoring encrypted backups at start and in drills (not needed to write them)
     #[arg(long, env = "ETCD_WARDEN_IDENTITY_FILE", value_name = "FILE")]
     pub identity_file: Option<PathBuf>,
+    /// TTL of a lease that a restored etcd-backup-restore delta names (GBR records no TTL) [default: 1h]
+    #[arg(long, env = "ETCD_WARDEN_GBR_LEASE_TTL", value_name = "DURATION")]
+    pub gbr_lease_ttl: Option<String>,
     /// Defragment etcd on this cron schedule (UTC), between snapshots; readiness is held meanwhile [default: off]
     #[arg(long, env = "ETCD_WARDEN_DEFRAG_SCHEDULE", value_name = "CRON")]
     pub defrag_schedule: Option<String>,
@@ -495,6 +502,7 @@ impl RunOptions {
             encrypt_to: self.encrypt_to.or(file.encrypt_to),
             encrypt_to_file: self.encrypt_to_file.or(file.encrypt_to_file),
             identity_file: self.identity_file.or(file.identity_file),
+            gbr_lease_ttl: self.gbr_lease_ttl.or(file.gbr_lease_ttl),
             admin_socket: self.admin_socket.or(file.admin_socket),
             admin_token_file: self.admin_token_file.or(file.admin_token_file),
             owner_name: self.owner_name.or(file.owner_name),
@@ -546,6 +554,7 @@ impl RunConfig {
         let etcd = EtcdArgs::parse(&etcd_argv_str, env)?;
 
         let stop_timeout = duration("stop-timeout", o.stop_timeout.as_deref(), "30s")?;
+        let gbr_lease_ttl = duration("gbr-lease-ttl", o.gbr_lease_ttl.as_deref(), "1h")?;
         let backoff_min = duration("restart-backoff-min", o.restart_backoff_min.as_deref(), "1s")?;
         let backoff_max = duration("restart-backoff-max", o.restart_backoff_max.as_deref(), "60s")?;
         let reset_after = duration("restart-reset-after", o.restart_reset_after.as_deref(), "5m")?;
@@ -746,6 +755,7 @@ impl RunConfig {
             retention,
             defrag_schedule,
             keys,
+            gbr_lease_ttl,
             member_name: etcd.name.clone(),
             data_dir: std::env::current_dir().unwrap_or_default().join(&etcd.data_dir),
             cluster: etcd

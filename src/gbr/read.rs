@@ -83,7 +83,13 @@ fn unavailable(name: &SnapshotName, e: object_store::Error) -> ObjectError {
 }
 
 /// What reading a GBR object proved, in the terms of the warden's own objects.
-fn verified(name: &SnapshotName, size: u64, raw: u64, etcd_sha256: Option<String>, counts: (u64, u64)) -> Verified {
+fn verified(
+    name: &SnapshotName,
+    size: u64,
+    raw: u64,
+    etcd_sha256: Option<String>,
+    counts: (u64, u64),
+) -> Verified {
     let (kind, revision, first, last) = match name.kind {
         Kind::Full { revision, .. } => ("full", Some(revision), None, None),
         Kind::Delta { first, last, .. } => ("delta", None, Some(first), Some(last)),
@@ -150,7 +156,13 @@ where
     let (revisions, events) =
         delta_payload(name, g, &json, store.gbr_lease_ttl, &mut payload).map_err(|e| corrupt(name, e))?;
     on_raw(&payload).map_err(|e| corrupt(name, e))?;
-    Ok(verified(name, size, payload.len() as u64, None, (revisions, events)))
+    Ok(verified(
+        name,
+        size,
+        payload.len() as u64,
+        None,
+        (revisions, events),
+    ))
 }
 
 /// Streams a full's stored bytes through its decompressor, handing out etcd's stream.
@@ -172,7 +184,12 @@ where
     let mut stream = format::byte_stream(got);
     let mut de = decompressor(g.compression).map_err(|e| corrupt(name, e))?;
     let mut raw = 0u64;
-    let decode = |e: std::io::Error| corrupt(name, format!("decode the {} payload: {e}", g.compression.as_str()));
+    let decode = |e: std::io::Error| {
+        corrupt(
+            name,
+            format!("decode the {} payload: {e}", g.compression.as_str()),
+        )
+    };
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| unavailable(name, e))?;
         for piece in chunk.chunks(16 << 10) {
@@ -199,12 +216,20 @@ async fn delta_json(store: &Store, name: &SnapshotName, g: &GbrName) -> Result<(
     let stored = got.bytes().await.map_err(|e| unavailable(name, e))?;
     let mut de = decompressor(g.compression).map_err(|e| corrupt(name, e))?;
     let mut data = Vec::new();
-    let decode = |e: std::io::Error| corrupt(name, format!("decode the {} payload: {e}", g.compression.as_str()));
+    let decode = |e: std::io::Error| {
+        corrupt(
+            name,
+            format!("decode the {} payload: {e}", g.compression.as_str()),
+        )
+    };
     for piece in stored.chunks(16 << 10) {
         de.write(piece).map_err(decode)?;
         data.extend(de.take());
         if data.len() > MAX_DELTA {
-            return Err(corrupt(name, format!("more than {MAX_DELTA} bytes after decompression")));
+            return Err(corrupt(
+                name,
+                format!("more than {MAX_DELTA} bytes after decompression"),
+            ));
         }
     }
     data.extend(de.finish().map_err(decode)?);
@@ -300,7 +325,10 @@ pub fn delta_payload(
         flush(done, out)?;
     }
     if next != last + 1 {
-        return Err(format!("the events end at revision {}, the name says {last}", next - 1));
+        return Err(format!(
+            "the events end at revision {}, the name says {last}",
+            next - 1
+        ));
     }
     Ok((revisions, count))
 }
@@ -402,18 +430,28 @@ mod tests {
         };
         assert_eq!(r6.revision, 6);
         assert_eq!(
-            r6.events.iter().map(|e| (e.kind, e.key.clone())).collect::<Vec<_>>(),
-            [(EventType::Put, b"b".to_vec()), (EventType::Delete, b"a".to_vec())]
+            r6.events
+                .iter()
+                .map(|e| (e.kind, e.key.clone()))
+                .collect::<Vec<_>>(),
+            [
+                (EventType::Put, b"b".to_vec()),
+                (EventType::Delete, b"a".to_vec())
+            ]
         );
         assert!(r6.events[0].value.is_empty());
         // A name whose range the events do not fill is corrupt, as is a revision missing inside.
         let (short, g2) = delta("v2/Incr-00000005-00000008-1700000000.gz");
-        assert!(delta_payload(&short, &g2, json, 600, &mut Vec::new())
-            .unwrap_err()
-            .contains("end at revision 7"));
+        assert!(
+            delta_payload(&short, &g2, json, 600, &mut Vec::new())
+                .unwrap_err()
+                .contains("end at revision 7")
+        );
         let (late, g3) = delta("v2/Incr-00000004-00000007-1700000000.gz");
-        assert!(delta_payload(&late, &g3, json, 600, &mut Vec::new())
-            .unwrap_err()
-            .contains("where 4 was expected"));
+        assert!(
+            delta_payload(&late, &g3, json, 600, &mut Vec::new())
+                .unwrap_err()
+                .contains("where 4 was expected")
+        );
     }
 }

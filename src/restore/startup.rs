@@ -82,17 +82,18 @@ fn open_store(cfg: &RunConfig) -> Result<Store, String> {
         .map_err(|e| crate::telemetry::error_chain(&e))
 }
 
-/// The newest revision a restore would reach, or `None` when the store holds no backup.
+/// The newest revision a restore would reach, or `None` when the store holds no backup: the
+/// warden's own chains and GBR's alike (`Store::catalog`).
 async fn newest_backup(store: &Store) -> Result<Option<i64>, String> {
-    let Some((newest, chain)) = store
-        .newest_chain()
+    let (fulls, chains) = store
+        .catalog()
         .await
-        .map_err(|e| crate::telemetry::error_chain(&e))?
-    else {
-        return Ok(None);
-    };
-    let chain: Vec<_> = chain.into_iter().map(|(n, _)| n).collect();
-    let cands = plan::candidates(std::slice::from_ref(&newest), &|_| chain.clone(), Target::Latest);
+        .map_err(|e| crate::telemetry::error_chain(&e))?;
+    let cands = plan::candidates(
+        &fulls,
+        &|c| chains.get(&c).cloned().unwrap_or_default(),
+        Target::Latest,
+    );
     Ok(cands.first().map(|c| c.target_revision))
 }
 

@@ -44,6 +44,8 @@ pub struct BackupConfig {
     pub defrag_schedule: Option<croner::Cron>,
     /// `--encrypt-to` recipients and `--identity-file` identities.
     pub keys: super::crypt::Keys,
+    /// `--gbr-lease-ttl`: what a restore from GBR's backups gives the leases they do not describe.
+    pub gbr_lease_ttl: Duration,
     /// etcd's `--initial-cluster` names more than one member: only the warden whose etcd is the
     /// raft leader (not a learner) writes to the store.
     pub cluster: bool,
@@ -56,7 +58,9 @@ pub struct BackupConfig {
 impl BackupConfig {
     /// The store with `--store-credentials` read afresh and the age keys attached.
     pub fn open_store(&self) -> Result<Store, crate::store::StoreError> {
-        Ok(Store::open_configured(&self.store, self.credentials.as_deref())?.with_keys(self.keys.clone()))
+        Ok(Store::open_configured(&self.store, self.credentials.as_deref())?
+            .with_keys(self.keys.clone())
+            .with_gbr_lease_ttl(self.gbr_lease_ttl))
     }
 }
 

@@ -179,7 +179,10 @@ impl LzwStream {
         let mut buf = [0u8; 16 << 10];
         while !data.is_empty() {
             if self.done {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "data after the lzw end code"));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "data after the lzw end code",
+                ));
             }
             let r = self.de.decode_bytes(data, &mut buf);
             self.out.extend_from_slice(&buf[..r.consumed_out]);
