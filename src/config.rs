@@ -991,6 +991,27 @@ mod tests {
             vec![OsString::from("--data-dir"), OsString::from("/tmp/x.etcd")]
         );
         assert_eq!(c.client.endpoints, vec!["http://localhost:2379"]);
+        assert_eq!(c.backup.gbr_lease_ttl, Duration::from_secs(3600));
+        let dir = tempfile::tempdir().unwrap();
+        let store = format!("file://{}", dir.path().display());
+        let c = parse(&[
+            "w",
+            "run",
+            "--store",
+            &store,
+            "--gbr-lease-ttl",
+            "20m",
+            "--",
+            "/bin/sh",
+            "--data-dir",
+            "/tmp/x.etcd",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.backup.open_store().unwrap().gbr_lease_ttl,
+            1200,
+            "--gbr-lease-ttl reaches the store a start-up restore reads"
+        );
     }
 
     #[test]

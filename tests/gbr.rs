@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use common::cluster::member_args_token;
 use common::*;
 use nix::sys::signal::Signal;
 use serde_json::Value;
@@ -407,12 +408,7 @@ fn run_on_a_gbr_prefix_restores_the_newest_chain_across_layouts_and_leaves_every
     // The newest chain moved to GBR's older layout (v1/Backup-<s>/, same names, same bytes), the
     // older one left in v2/: the restore must look in both to reach the newest revision.
     let names = gbr_names(&store);
-    let newest_full = names
-        .iter()
-        .filter(|n| n.0 == "Full")
-        .next_back()
-        .unwrap()
-        .clone();
+    let newest_full = names.iter().rfind(|n| n.0 == "Full").unwrap().clone();
     let v1 = store.join(format!("v1/Backup-{}", newest_full.3));
     std::fs::create_dir_all(&v1).unwrap();
     for n in names
@@ -514,4 +510,73 @@ fn run_on_a_gbr_prefix_restores_the_newest_chain_across_layouts_and_leaves_every
     for k in ["/after/switch", "/after/retention", "/registry/early/leased"] {
         assert!(keys.contains(&k.to_owned()), "{k} not restored: {keys:?}");
     }
+}
+
+/// A three-member cluster whose data dirs are all gone, on a prefix that only GBR ever backed up: no
+/// warden bootstraps an empty cluster over it (the GBR backups are evidence that one ran), and one
+/// `cluster restore` brings every member back at GBR's newest revision, each key as etcd had it;
+/// GBR's objects stay as they were.
+#[test]
+fn a_cluster_on_a_gbr_prefix_never_bootstraps_empty_and_one_cluster_restore_brings_gbr_history_back() {
+    let exp = expected();
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let final_rev = exp["final_revision"].as_i64().unwrap();
+    let (dir, store) = fixture_copy("lzw");
+    let before = gbr_objects(&digests(&store));
+    let url = format!("file://{}", store.display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let wardens: Vec<Warden> = (0..3)
+        .map(|i| {
+            let argv = member_args_token(&etcd, &ips, i, &dir.path().join(format!("m{i}")), "from-gbr");
+            Warden::builder(
+                &ips[i],
+                &["--store", &url, "--delta-snapshot-period", "200ms"],
+                &argv,
+            )
+            .spawn()
+        })
+        .collect();
+    for (i, w) in wardens.iter().enumerate() {
+        let body = wait_for(
+            &format!("m{i} to refuse to bootstrap over GBR's history"),
+            START,
+            || {
+                let (code, body) = w.get("/readyz")?;
+                (code == 503 && body.contains("etcd-backup-restore")).then_some(body)
+            },
+        );
+        assert!(body.contains("etcd-warden cluster restore --store"), "{body}");
+    }
+    let cluster = ips
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| format!("m{i}=http://{ip}:2380"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let out = Command::new(WARDEN)
+        .args([
+            "cluster",
+            "restore",
+            "--store",
+            &url,
+            "--initial-cluster",
+            &cluster,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cluster restore: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for w in &wardens {
+        w.wait_ready(START);
+    }
+    for ip in &ips {
+        assert_state(&ctl, ip, &exp, final_rev, final_rev, &format!("member {ip}"));
+    }
+    drop(wardens);
+    assert_eq!(gbr_objects(&digests(&store)), before, "GBR's objects changed");
 }
