@@ -218,6 +218,9 @@ async fn verify_cmd(url: &str, as_json: bool, keys: Keys) -> i32 {
                 for e in &report.chain_errors {
                     println!("FAIL  {e}");
                 }
+                for n in &report.notes {
+                    println!("note  {n}");
+                }
                 let bad = report.objects.iter().filter(|o| !o.ok).count() + report.chain_errors.len();
                 println!("{} objects checked, {bad} problems", report.objects.len());
             }

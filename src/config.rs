@@ -183,7 +183,7 @@ pub struct RestoreArgs {
     pub mark_compacted: bool,
     /// TTL of a lease that an etcd-backup-restore delta names: GBR records no TTL (one the full
     /// snapshot holds keeps its own)
-    #[arg(long, default_value = "1h", value_name = "DURATION", value_parser = parse_duration_arg)]
+    #[arg(long, default_value = "1h", value_name = "DURATION", value_parser = parse_lease_ttl)]
     pub gbr_lease_ttl: Duration,
     /// Exit 0 even when corrupt or missing objects made the restore end below the newest backup
     /// (without it that is exit 2; the restored data dir is left in place either way).
@@ -400,6 +400,15 @@ pub struct ProbeArgs {
     pub timeout: Duration,
 }
 
+/// `--gbr-lease-ttl`: whole seconds, at least one (etcd's lease TTLs are seconds).
+fn parse_lease_ttl(s: &str) -> Result<Duration, String> {
+    let d = parse_duration_arg(s)?;
+    if d < Duration::from_secs(1) {
+        return Err(format!("{s:?} is under a second: etcd's lease TTLs are whole seconds (write e.g. 1h)"));
+    }
+    Ok(Duration::from_secs(d.as_secs()))
+}
+
 fn parse_duration_arg(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (write a duration such as 2s or 500ms)"))
 }
@@ -554,7 +563,13 @@ impl RunConfig {
         let etcd = EtcdArgs::parse(&etcd_argv_str, env)?;
 
         let stop_timeout = duration("stop-timeout", o.stop_timeout.as_deref(), "30s")?;
-        let gbr_lease_ttl = duration("gbr-lease-ttl", o.gbr_lease_ttl.as_deref(), "1h")?;
+        let gbr_lease_ttl = match &o.gbr_lease_ttl {
+            Some(v) => parse_lease_ttl(v).map_err(|reason| ConfigError::Invalid {
+                option: "gbr-lease-ttl",
+                reason,
+            })?,
+            None => Duration::from_secs(3600),
+        };
         let backoff_min = duration("restart-backoff-min", o.restart_backoff_min.as_deref(), "1s")?;
         let backoff_max = duration("restart-backoff-max", o.restart_backoff_max.as_deref(), "60s")?;
         let reset_after = duration("restart-reset-after", o.restart_reset_after.as_deref(), "5m")?;
@@ -1021,6 +1036,10 @@ mod tests {
             (
                 &["w", "run", "--stop-timeout", "10x", "--", "sh"],
                 "--stop-timeout \"10x\"",
+            ),
+            (
+                &["w", "run", "--gbr-lease-ttl", "0s", "--", "sh"],
+                "--gbr-lease-ttl: \"0s\" is under a second",
             ),
             (
                 &["w", "run", "--store", "s4://x", "--", "sh"],

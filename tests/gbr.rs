@@ -397,6 +397,32 @@ fn a_gbr_delta_whose_sha256_does_not_match_fails_verify_and_cuts_the_restore_bef
     r.etcd.unwrap().stop();
 }
 
+/// GBR drops the events it had not yet put in a delta when it takes a full, so its chains can leave
+/// revisions in no object: a `--to-revision` there restores up to the last delta below it, exits 2
+/// and names the revision.
+#[test]
+fn a_revision_between_gbr_chains_restores_up_to_the_last_delta_below_it_and_says_so() {
+    let exp = expected();
+    let ctl = etcdctl_for(&etcd35());
+    let (_dir, store) = fixture_copy("gzip");
+    let names = gbr_names(&store);
+    let second = names.iter().rfind(|n| n.0 == "Full").unwrap().2;
+    // The first chain's last delta, as GBR loses it: its events were in memory when the full came.
+    let lost = names.iter().find(|n| n.0 == "Incr" && n.2 == second).expect("a delta ending at the second full");
+    std::fs::remove_file(store.join("v2").join(&lost.4)).unwrap();
+    let below = lost.1 - 1;
+    let asked = lost.1 + 1;
+    let r = restore(&store, &["--to-revision", &asked.to_string()]);
+    let (stdout, stderr) = (String::from_utf8_lossy(&r.out.stdout), String::from_utf8_lossy(&r.out.stderr));
+    assert_eq!(r.out.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!("no backup holds revision {asked}")),
+        "the restore does not name the revision: {stdout}"
+    );
+    assert_state(&ctl, &r.ip, &exp, below, below, "up to the last delta below the target");
+    r.etcd.unwrap().stop();
+}
+
 #[test]
 fn run_on_a_gbr_prefix_restores_the_newest_chain_across_layouts_and_leaves_every_gbr_object_as_it_was() {
     let exp = expected();
@@ -514,15 +540,24 @@ fn run_on_a_gbr_prefix_restores_the_newest_chain_across_layouts_and_leaves_every
 
 /// A three-member cluster whose data dirs are all gone, on a prefix that only GBR ever backed up: no
 /// warden bootstraps an empty cluster over it (the GBR backups are evidence that one ran), and one
-/// `cluster restore` brings every member back at GBR's newest revision, each key as etcd had it;
-/// GBR's objects stay as they were.
+/// `cluster restore` brings every member back at GBR's newest backup, each key as etcd had it.
+/// That backup is a full with nothing after it whose name, as GBR names fulls (with a revision read
+/// before the stream began), says one revision less than its database holds: every member restores
+/// that very file. GBR's objects stay as they were.
 #[test]
 fn a_cluster_on_a_gbr_prefix_never_bootstraps_empty_and_one_cluster_restore_brings_gbr_history_back() {
     let exp = expected();
     let etcd = etcd35();
     let ctl = etcdctl_for(&etcd);
-    let final_rev = exp["final_revision"].as_i64().unwrap();
     let (dir, store) = fixture_copy("lzw");
+    let names = gbr_names(&store);
+    let full = names.iter().rfind(|n| n.0 == "Full").unwrap().clone();
+    let holds = full.2;
+    for n in names.iter().filter(|n| n.0 == "Incr" && n.2 >= holds) {
+        std::fs::remove_file(store.join("v2").join(&n.4)).unwrap();
+    }
+    let renamed = full.4.replace(&format!("-{holds:08}-"), &format!("-{:08}-", holds - 1));
+    std::fs::rename(store.join("v2").join(&full.4), store.join("v2").join(&renamed)).unwrap();
     let before = gbr_objects(&digests(&store));
     let url = format!("file://{}", store.display());
     let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
@@ -575,7 +610,7 @@ fn a_cluster_on_a_gbr_prefix_never_bootstraps_empty_and_one_cluster_restore_brin
         w.wait_ready(START);
     }
     for ip in &ips {
-        assert_state(&ctl, ip, &exp, final_rev, final_rev, &format!("member {ip}"));
+        assert_state(&ctl, ip, &exp, holds, holds, &format!("member {ip}"));
     }
     drop(wardens);
     assert_eq!(gbr_objects(&digests(&store)), before, "GBR's objects changed");

@@ -15,7 +15,7 @@ use crate::config::RunConfig;
 use crate::pid1::Reaper;
 use crate::restore::startup::Decision;
 use crate::restore::{RestoreOptions, Target};
-use crate::store::Store;
+use crate::store::{SnapshotName, Store};
 use crate::store::plan::{Plan, PlanDone, PlanMember};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -100,7 +100,10 @@ pub async fn apply(
         initial_cluster: Some(plan.initial_cluster()),
         initial_advertise_peer_urls: Some(me.peer_urls.join(",")),
         initial_cluster_token: Some(plan.token.clone()),
-        target: Target::Revision(plan.target_revision),
+        target: match SnapshotName::parse(&plan.full).ok().and_then(|n| n.chain()) {
+            Some(chain) if plan.full_only => Target::Full(chain),
+            _ => Target::Revision(plan.target_revision),
+        },
         bump_revision: plan.bump_revision,
     };
     let put_back = |why: String| -> String {
@@ -121,7 +124,12 @@ pub async fn apply(
     })?;
     // Every member must end at the plan's revision: the same committed history (a later full at
     // that same revision, e.g. a final one, holds the same state as the plan's).
-    if report.backed_up_revision != plan.target_revision {
+    let same = if plan.full_only {
+        report.full == plan.full
+    } else {
+        report.backed_up_revision == plan.target_revision
+    };
+    if !same {
         return Err(put_back(format!(
             "restore by plan {} reached {} at revision {}, the plan says {} at {}: not starting a member that would differ from the others",
             plan.id, report.full, report.backed_up_revision, plan.full, plan.target_revision
@@ -226,6 +234,7 @@ pub async fn write_plan(store: &Store, req: &PlanRequest) -> Result<Plan, String
         members,
         previous_cluster_id: owner.map(|o| o.cluster_id).unwrap_or(0),
         force: req.force,
+        full_only: chosen.deltas.is_empty() && chosen.stop_at.is_none(),
     };
     if !store.put_plan(&plan).await.map_err(err)? {
         return Err(format!(

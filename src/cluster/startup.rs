@@ -492,6 +492,32 @@ async fn no_quorum(
         },
         Err(e) => tracing::debug!(error = %e, "no store to ask whether the cluster existed"),
     }
+    // A prefix that etcd-backup-restore backed up (a switch from it, `crate::gbr`) had a cluster
+    // too, though no warden recorded it.
+    if evidence.is_empty()
+        && let Ok(store) = cfg.backup.open_store()
+    {
+        match store.gbr_catalog_with_meta().await {
+            Ok((fulls, _)) => {
+                if let Some((newest, _)) = fulls.last() {
+                    evidence.push(format!(
+                        "the store holds etcd-backup-restore's backups (newest {})",
+                        newest.key()
+                    ));
+                }
+            }
+            Err(e) => {
+                say(
+                    status,
+                    &format!(
+                        "member data missing, no member answers with a leader, and the store cannot be listed ({}): waiting rather than bootstrapping a cluster that may exist",
+                        crate::telemetry::error_chain(&e)
+                    ),
+                );
+                return Ok(None);
+            }
+        }
+    }
     if evidence.is_empty() {
         tracing::info!(
             peers = failures,

@@ -70,7 +70,7 @@ pub fn key(n: &SnapshotName, g: &GbrName) -> String {
 }
 
 /// Reads a GBR key; `None` for anything GBR did not write as a snapshot. A delta's chain is not in
-/// its name: it reads as extending revision `start - 1` of no known full until [`assign_chains`].
+/// its name: it reads as extending revision `start - 1` of no known full until [`chains`].
 pub fn parse(key: &str) -> Option<SnapshotName> {
     let (v1_dir, name) = if let Some(name) = key.strip_prefix("v2/") {
         (None, name)
@@ -118,7 +118,9 @@ pub fn parse(key: &str) -> Option<SnapshotName> {
     };
     let n = SnapshotName {
         kind,
-        created_ms: secs.checked_mul(1000)?,
+        // The end of the named second: GBR's names carry whole seconds, and `--to-time` must not
+        // take a delta cut up to a second after the time asked for.
+        created_ms: secs.checked_mul(1000)?.checked_add(999)?,
         compression: Compression::None,
         encryption: Encryption::Plain,
         layout: Layout::Gbr(GbrName {
@@ -137,41 +139,73 @@ fn digits(s: &str) -> Option<u64> {
         .flatten()
 }
 
-/// Puts each GBR delta in the chain of the full it extends, as GBR's own restore does: the newest
-/// full (by revision, then time) below the delta's start, written no later than the delta. A delta
-/// with no such full extends revision `start - 1` of a chain no full starts (`backups verify`
-/// reports it; a restore never reaches it).
-pub fn assign_chains(fulls: &[SnapshotName], deltas: &mut [SnapshotName]) {
-    for d in deltas.iter_mut() {
-        let Kind::Delta {
-            first,
-            ref mut base,
-            ref mut base_created_ms,
-            ..
-        } = d.kind
-        else {
-            continue;
-        };
-        let owner = fulls
-            .iter()
-            .filter(|f| f.last_revision() < first && f.created_ms <= d.created_ms)
-            .max_by_key(|f| (f.last_revision(), f.created_ms));
-        match owner {
-            Some(f) => {
-                *base = f.last_revision();
-                *base_created_ms = Some(f.created_ms);
-            }
-            None => {
-                *base = first - 1;
-                *base_created_ms = Some(0);
-            }
+/// GBR's chains as GBR's own restore reads them: from a full, the delta that starts right after it,
+/// then the one that starts right after that, and so on (GBR starts each delta at its predecessor's
+/// last revision + 1). Time plays no part: etcd-druid's compaction job uploads its full minutes
+/// after the sidecar cut the delta that follows it, and a new leader's clock may lag the old one's.
+/// Only when two deltas start at the same revision (two histories, after a restore to an older
+/// point) does it choose: the first written at or after what it follows, else the newest. A delta
+/// may extend more than one full (a compacted full and the chain it compacted), each time as a
+/// copy naming that chain. Returns the chains by their full, and the deltas no full reaches (theirs
+/// removed by GBR's garbage collection, which can keep deltas longer than their full), each in a
+/// chain of its own that no full starts ([`orphan`]).
+pub fn chains(fulls: &[SnapshotName], deltas: &[SnapshotName]) -> Vec<(ChainId, Vec<SnapshotName>)> {
+    let mut by_first: std::collections::HashMap<i64, Vec<usize>> = std::collections::HashMap::new();
+    for (i, d) in deltas.iter().enumerate() {
+        if let Kind::Delta { first, .. } = d.kind {
+            by_first.entry(first).or_default().push(i);
         }
     }
+    let mut used = vec![false; deltas.len()];
+    let mut out = Vec::new();
+    for f in fulls.iter().filter(|f| f.is_full()) {
+        let Some(chain) = f.chain() else { continue };
+        let (mut next, mut after) = (f.last_revision() + 1, f.created_ms);
+        let mut own = Vec::new();
+        while let Some(starting) = by_first.get(&next) {
+            let pick = starting
+                .iter()
+                .copied()
+                .filter(|&i| deltas[i].created_ms >= after)
+                .min_by_key(|&i| deltas[i].created_ms)
+                .or_else(|| starting.iter().copied().max_by_key(|&i| deltas[i].created_ms));
+            let Some(i) = pick else { break };
+            used[i] = true;
+            own.push(in_chain(&deltas[i], chain));
+            next = deltas[i].last_revision() + 1;
+            after = deltas[i].created_ms;
+        }
+        out.push((chain, own));
+    }
+    for (i, d) in deltas.iter().enumerate() {
+        if let (false, Kind::Delta { first, .. }) = (used[i], d.kind) {
+            let chain = ChainId {
+                base: first - 1,
+                base_created_ms: 0,
+            };
+            out.push((chain, vec![in_chain(d, chain)]));
+        }
+    }
+    out
 }
 
-/// A chain that no full starts (its full deleted by GBR's garbage collection).
+fn in_chain(d: &SnapshotName, chain: ChainId) -> SnapshotName {
+    let mut d = *d;
+    if let Kind::Delta {
+        ref mut base,
+        ref mut base_created_ms,
+        ..
+    } = d.kind
+    {
+        *base = chain.base;
+        *base_created_ms = Some(chain.base_created_ms);
+    }
+    d
+}
+
+/// A delta in a chain that no full starts (its full removed by GBR's garbage collection).
 pub fn orphan(d: &SnapshotName) -> bool {
-    d.chain().is_some_and(|c: ChainId| c.base_created_ms == 0)
+    !d.is_own() && d.chain().is_some_and(|c: ChainId| c.base_created_ms == 0)
 }
 
 #[cfg(test)]
@@ -209,37 +243,56 @@ mod tests {
         }
     }
 
-    #[test]
-    fn deltas_extend_the_newest_full_below_them_written_before_them() {
-        let k = |s: &str| parse(s).unwrap();
-        let fulls = [
-            k("v2/Full-00000000-00000010-1000"),
-            k("v2/Full-00000000-00000030-2000"),
-            // A full at the same revision, later: another history (a restore) that owns what follows it.
-            k("v2/Full-00000000-00000030-3000"),
-        ];
-        let mut deltas = vec![
-            k("v2/Incr-00000011-00000020-1500"),
-            k("v2/Incr-00000021-00000030-1900"),
-            k("v2/Incr-00000031-00000040-2500"),
-            k("v2/Incr-00000031-00000035-3500"),
-            k("v2/Incr-00000005-00000009-900"),
-        ];
-        assign_chains(&fulls, &mut deltas);
-        let chains: Vec<Option<(i64, u64)>> = deltas
+    fn of(chains: &[(ChainId, Vec<SnapshotName>)], full: &SnapshotName) -> Vec<(i64, i64)> {
+        chains
             .iter()
-            .map(|d| d.chain().map(|c| (c.base, c.base_created_ms)))
-            .collect();
-        assert_eq!(
-            chains,
-            [
-                Some((10, 1_000_000)),
-                Some((10, 1_000_000)),
-                Some((30, 2_000_000)),
-                Some((30, 3_000_000)),
-                Some((4, 0)),
-            ]
-        );
-        assert!(orphan(&deltas[4]) && !orphan(&deltas[0]));
+            .find(|(c, _)| Some(*c) == full.chain())
+            .map(|(_, v)| {
+                v.iter()
+                    .map(|d| match d.kind {
+                        Kind::Delta { first, last, .. } => (first, last),
+                        Kind::Full { revision, .. } => (revision, revision),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn chains_follow_revisions_not_clocks() {
+        let k = |s: &str| parse(s).unwrap();
+        // etcd-druid's compaction job: the full at 30 uploaded (t=2000) after the sidecar cut the
+        // delta that follows it (t=1900); both chains reach 40.
+        let fulls = [k("v2/Full-00000000-00000010-1000"), k("v2/Full-00000000-00000030-2000")];
+        let deltas = [
+            k("v2/Incr-00000011-00000020-1500"),
+            k("v2/Incr-00000021-00000030-1800"),
+            k("v2/Incr-00000031-00000035-1900"),
+            k("v2/Incr-00000036-00000040-2100"),
+            // Kept by GBR's garbage collection after its full went: in no chain.
+            k("v2/Incr-00000003-00000009-900"),
+        ];
+        let chains = chains(&fulls, &deltas);
+        assert_eq!(of(&chains, &fulls[0]), [(11, 20), (21, 30), (31, 35), (36, 40)]);
+        assert_eq!(of(&chains, &fulls[1]), [(31, 35), (36, 40)]);
+        let lone: Vec<_> = chains.iter().filter(|(c, _)| c.base_created_ms == 0).collect();
+        assert_eq!(lone.len(), 1);
+        assert_eq!(lone[0].0.base, 2);
+        assert!(orphan(&lone[0].1[0]) && !orphan(&chains[0].1[0]));
+    }
+
+    #[test]
+    fn two_deltas_at_one_revision_follow_the_history_written_after_the_full() {
+        let k = |s: &str| parse(s).unwrap();
+        // History A went on from 30; a restore to 30 started history B with a new full at 30.
+        let fulls = [k("v2/Full-00000000-00000030-1000"), k("v2/Full-00000000-00000030-5000")];
+        let deltas = [
+            k("v2/Incr-00000031-00000040-2000"),
+            k("v2/Incr-00000041-00000050-3000"),
+            k("v2/Incr-00000031-00000034-6000"),
+        ];
+        let chains = chains(&fulls, &deltas);
+        assert_eq!(of(&chains, &fulls[0]), [(31, 40), (41, 50)]);
+        assert_eq!(of(&chains, &fulls[1]), [(31, 34)]);
     }
 }

@@ -260,16 +260,24 @@ pub fn delta_payload(
     let events: Vec<TimedEvent> =
         serde_json::from_slice(json).map_err(|e| format!("the events are not GBR's JSON: {e}"))?;
     let b64 = base64::engine::general_purpose::STANDARD;
-    let mut leases = std::collections::HashSet::new();
-    let mut current: Option<Revision> = None;
+    let mut seen_leases = std::collections::HashSet::new();
+    // The revision being gathered, and the leases its puts name first.
+    let mut current: Option<(Revision, Vec<i64>)> = None;
     let (mut revisions, mut count) = (0u64, 0u64);
     let mut next = g.start;
-    let mut flush = |r: Revision, out: &mut Vec<u8>| -> Result<(), String> {
+    let mut flush = |(r, leases): (Revision, Vec<i64>), out: &mut Vec<u8>| -> Result<(), String> {
         if r.revision != next {
             return Err(format!("revision {} where {next} was expected", r.revision));
         }
         next += 1;
         revisions += 1;
+        for id in leases {
+            let lease = Lease {
+                id,
+                granted_ttl: lease_ttl,
+            };
+            delta_codec::encode_lease(&lease, out);
+        }
         delta_codec::encode_revision(&r, out);
         Ok(())
     };
@@ -298,27 +306,26 @@ pub fn delta_payload(
             create_revision: kv.create_revision,
             version: kv.version,
         };
-        if event.lease != 0 && leases.insert(event.lease) {
-            delta_codec::encode_lease(
-                &Lease {
-                    id: event.lease,
-                    granted_ttl: lease_ttl,
-                },
-                out,
-            );
+        if current.as_ref().is_some_and(|(r, _)| r.revision != kv.mod_revision)
+            && let Some(done) = current.take()
+        {
+            flush(done, out)?;
         }
-        match current.as_mut() {
-            Some(r) if r.revision == kv.mod_revision => r.events.push(event),
-            _ => {
-                if let Some(done) = current.take() {
-                    flush(done, out)?;
-                }
-                current = Some(Revision {
+        let (r, leases) = current.get_or_insert_with(|| {
+            (
+                Revision {
                     revision: kv.mod_revision,
-                    events: vec![event],
-                });
-            }
+                    events: Vec::new(),
+                },
+                Vec::new(),
+            )
+        });
+        // Announced right before the revision whose put first names it, as the warden's own
+        // deltas do: a restore that stops before that revision grants nothing.
+        if event.lease != 0 && seen_leases.insert(event.lease) {
+            leases.push(event.lease);
         }
+        r.events.push(event);
         count += 1;
     }
     if let Some(done) = current.take() {

@@ -202,6 +202,20 @@ pub async fn restore(
         skipped.push((after.key(), reason));
         asked = beyond;
     }
+    // A revision that no backup reaches (past the newest, or in a stretch no delta holds: GBR drops
+    // the events between its last delta and each new full) is restored as far as the store goes,
+    // and said, like a gap.
+    if let Target::Revision(r) = opts.target
+        && candidates[0].gap.is_none()
+        && asked < r
+    {
+        let reason = format!(
+            "no backup holds revision {r}: the backups below it reach revision {asked}; restoring up to revision {asked} only"
+        );
+        tracing::error!(reason = %reason, "the target revision is in no backup");
+        skipped.push((format!("revision {r}"), reason));
+        asked = r;
+    }
     for mut cand in candidates {
         let mut unavailable = 0;
         let result = loop {
@@ -475,7 +489,18 @@ async fn deltas(
 ) -> Result<(i64, u64), Failure> {
     let needs_deltas = !cand.deltas.is_empty() || cand.stop_at.is_some();
     if !needs_deltas {
-        return Ok((cand.full.last_revision(), 0));
+        // A full's name is a lower bound (its revision was read before the stream began): the
+        // restored member is at what the database holds.
+        let revision = MvccFile::open(db).map_or(cand.full.last_revision(), |f| f.revision());
+        if let Target::Revision(r) = opts.target
+            && revision > r
+        {
+            // An older full may still reach the target exactly.
+            return Err(Failure::BadFull(format!(
+                "the full snapshot holds revision {revision}, past the target {r}"
+            )));
+        }
+        return Ok((revision, 0));
     }
     if std::env::var_os(REPLAY_THROUGH_ETCD).is_some() {
         tracing::info!("{REPLAY_THROUGH_ETCD} is set: replaying the deltas through a private etcd");

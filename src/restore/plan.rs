@@ -18,6 +18,10 @@ pub enum Target {
     /// applied whole (a delta's events carry no timestamps), so the result is the state as of the
     /// newest delta written before the time.
     Time(u64),
+    /// Exactly this full snapshot, whatever revision its database holds, and none of its deltas (a
+    /// cluster restore plan that chose a full with nothing after it: every member restores the
+    /// same file, though its name says only a lower bound of its revision).
+    Full(ChainId),
 }
 
 /// One way to restore: a full snapshot and the deltas to apply after it.
@@ -60,6 +64,7 @@ pub fn candidates(
             Target::Latest => true,
             Target::Revision(r) => f.last_revision() <= r,
             Target::Time(t) => f.created_ms <= t,
+            Target::Full(c) => f.chain() == Some(c),
         })
         .collect();
     fulls.sort_by_key(|f| (f.last_revision(), f.created_ms));
@@ -90,6 +95,7 @@ pub fn candidates(
                 // A gap: the chain ends here. It costs the restore revisions when the target
                 // wants any past it (a revision inside the gap too).
                 let wanted = match target {
+                    Target::Full(_) => false,
                     Target::Latest => true,
                     Target::Revision(r) => r >= next,
                     Target::Time(t) if d.created_ms <= t => true,
@@ -108,6 +114,7 @@ pub fn candidates(
                 continue;
             }
             match target {
+                Target::Full(_) => break,
                 Target::Revision(r) if first > r => break,
                 Target::Time(t) if d.created_ms > t => break,
                 _ => {}
@@ -136,6 +143,10 @@ pub fn candidates(
             gap,
         });
     }
+    // The chain that reaches furthest first; the newest full first among equals. They differ when
+    // an older chain went on past a newer full: a full taken beside the backup loop (`snapshot`),
+    // or GBR's chain and the warden's during a switch, each leading in turn.
+    out.sort_by_key(|c| std::cmp::Reverse(c.target_revision));
     out
 }
 

@@ -27,6 +27,10 @@ pub struct Report {
     pub objects: Vec<ObjectReport>,
     /// Chain problems: gaps, overlaps, deltas without a full snapshot.
     pub chain_errors: Vec<String>,
+    /// What is worth knowing but no problem: GBR deltas whose full GBR's own garbage collection
+    /// removed first (it may keep deltas longer than their full).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl Report {
@@ -233,9 +237,18 @@ pub async fn verify_store(store: &Store) -> Result<Report, StoreError> {
     }
     let starts: Vec<_> = fulls.iter().filter_map(|(n, _)| n.chain()).collect();
     let mut chain_errors = Vec::new();
+    let mut notes = Vec::new();
     for (chain, deltas) in chains {
         if !starts.contains(&chain) {
-            chain_errors.push(format!("chain {chain}: no full snapshot starts it"));
+            if deltas.iter().all(|(d, _)| crate::gbr::names::orphan(d)) {
+                notes.push(format!(
+                    "{} etcd-backup-restore deltas from revision {} on extend no full in the store (its garbage collection removed it); no restore uses them",
+                    deltas.len(),
+                    chain.base + 1
+                ));
+            } else {
+                chain_errors.push(format!("chain {chain}: no full snapshot starts it"));
+            }
         }
         // Overlaps are legal (a handover between writers, a retried upload) when the shared
         // revisions carry the same events; anything else is two histories under one prefix.
@@ -287,6 +300,7 @@ pub async fn verify_store(store: &Store) -> Result<Report, StoreError> {
         }
     }
     report.chain_errors = chain_errors;
+    report.notes = notes;
     Ok(report)
 }
 

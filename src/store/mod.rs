@@ -162,7 +162,8 @@ impl Store {
     }
 
     pub fn with_gbr_lease_ttl(mut self, ttl: std::time::Duration) -> Self {
-        self.gbr_lease_ttl = ttl.as_secs().clamp(1, i64::MAX as u64) as i64;
+        // Validated where it is read (`config::parse_lease_ttl`): whole seconds, at least one.
+        self.gbr_lease_ttl = ttl.as_secs().min(i64::MAX as u64) as i64;
         self
     }
 
@@ -374,7 +375,7 @@ impl Store {
 
     /// GBR's snapshots under this prefix: `v2/` listed whole, and each of the older layout's
     /// `v1/Backup-<s>/` directories (found with one delimited listing of `v1/`). Each delta in the
-    /// chain of the full it extends (`gbr::names::assign_chains`).
+    /// chain of the full it extends (`gbr::names::chains`).
     pub async fn gbr_catalog_with_meta(&self) -> Result<MetaCatalog, StoreError> {
         let mut all = self.list_dir("v2").await?;
         let v1 = Path::from(layout::VERSION_DIR);
@@ -393,15 +394,19 @@ impl Store {
             }
         }
         all.retain(|(n, _)| !n.is_own());
-        let (mut fulls, mut deltas): (Vec<_>, Vec<_>) = all.into_iter().partition(|(n, _)| n.is_full());
+        let (mut fulls, deltas): (Vec<_>, Vec<_>) = all.into_iter().partition(|(n, _)| n.is_full());
         fulls.sort_by_key(|(n, _)| (n.last_revision(), n.created_ms));
-        let names: Vec<SnapshotName> = fulls.iter().map(|(n, _)| *n).collect();
-        let mut delta_names: Vec<SnapshotName> = deltas.iter().map(|(n, _)| *n).collect();
-        crate::gbr::names::assign_chains(&names, &mut delta_names);
+        let full_names: Vec<SnapshotName> = fulls.iter().map(|(n, _)| *n).collect();
+        let delta_names: Vec<SnapshotName> = deltas.iter().map(|(n, _)| *n).collect();
+        let meta: std::collections::HashMap<String, ObjectMeta> =
+            deltas.into_iter().map(|(n, m)| (n.key(), m)).collect();
         let mut chains = std::collections::BTreeMap::<ChainId, Vec<_>>::new();
-        for ((_, m), n) in deltas.drain(..).zip(delta_names) {
-            if let Some(chain) = n.chain() {
-                chains.entry(chain).or_default().push((n, m));
+        for (chain, members) in crate::gbr::names::chains(&full_names, &delta_names) {
+            let entry = chains.entry(chain).or_default();
+            for d in members {
+                if let Some(m) = meta.get(&d.key()) {
+                    entry.push((d, m.clone()));
+                }
             }
         }
         for deltas in chains.values_mut() {

@@ -47,6 +47,10 @@ pub struct Plan {
     pub previous_cluster_id: u64,
     /// Members apply it even while their cluster has quorum.
     pub force: bool,
+    /// The full has no delta after it: members restore that very file, and `target_revision` is
+    /// only its name's lower bound (the database may hold a few revisions more).
+    #[serde(default)]
+    pub full_only: bool,
 }
 
 impl Plan {
