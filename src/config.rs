@@ -404,7 +404,9 @@ pub struct ProbeArgs {
 fn parse_lease_ttl(s: &str) -> Result<Duration, String> {
     let d = parse_duration_arg(s)?;
     if d < Duration::from_secs(1) {
-        return Err(format!("{s:?} is under a second: etcd's lease TTLs are whole seconds (write e.g. 1h)"));
+        return Err(format!(
+            "{s:?} is under a second: etcd's lease TTLs are whole seconds (write e.g. 1h)"
+        ));
     }
     Ok(Duration::from_secs(d.as_secs()))
 }

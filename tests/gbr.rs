@@ -408,18 +408,31 @@ fn a_revision_between_gbr_chains_restores_up_to_the_last_delta_below_it_and_says
     let names = gbr_names(&store);
     let second = names.iter().rfind(|n| n.0 == "Full").unwrap().2;
     // The first chain's last delta, as GBR loses it: its events were in memory when the full came.
-    let lost = names.iter().find(|n| n.0 == "Incr" && n.2 == second).expect("a delta ending at the second full");
+    let lost = names
+        .iter()
+        .find(|n| n.0 == "Incr" && n.2 == second)
+        .expect("a delta ending at the second full");
     std::fs::remove_file(store.join("v2").join(&lost.4)).unwrap();
     let below = lost.1 - 1;
     let asked = lost.1 + 1;
     let r = restore(&store, &["--to-revision", &asked.to_string()]);
-    let (stdout, stderr) = (String::from_utf8_lossy(&r.out.stdout), String::from_utf8_lossy(&r.out.stderr));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&r.out.stdout),
+        String::from_utf8_lossy(&r.out.stderr),
+    );
     assert_eq!(r.out.status.code(), Some(2), "{stdout}{stderr}");
     assert!(
         stdout.contains(&format!("no backup holds revision {asked}")),
         "the restore does not name the revision: {stdout}"
     );
-    assert_state(&ctl, &r.ip, &exp, below, below, "up to the last delta below the target");
+    assert_state(
+        &ctl,
+        &r.ip,
+        &exp,
+        below,
+        below,
+        "up to the last delta below the target",
+    );
     r.etcd.unwrap().stop();
 }
 
@@ -556,7 +569,9 @@ fn a_cluster_on_a_gbr_prefix_never_bootstraps_empty_and_one_cluster_restore_brin
     for n in names.iter().filter(|n| n.0 == "Incr" && n.2 >= holds) {
         std::fs::remove_file(store.join("v2").join(&n.4)).unwrap();
     }
-    let renamed = full.4.replace(&format!("-{holds:08}-"), &format!("-{:08}-", holds - 1));
+    let renamed = full
+        .4
+        .replace(&format!("-{holds:08}-"), &format!("-{:08}-", holds - 1));
     std::fs::rename(store.join("v2").join(&full.4), store.join("v2").join(&renamed)).unwrap();
     let before = gbr_objects(&digests(&store));
     let url = format!("file://{}", store.display());

@@ -15,8 +15,8 @@ use crate::config::RunConfig;
 use crate::pid1::Reaper;
 use crate::restore::startup::Decision;
 use crate::restore::{RestoreOptions, Target};
-use crate::store::{SnapshotName, Store};
 use crate::store::plan::{Plan, PlanDone, PlanMember};
+use crate::store::{SnapshotName, Store};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Marker {

@@ -263,7 +263,10 @@ mod tests {
         let k = |s: &str| parse(s).unwrap();
         // etcd-druid's compaction job: the full at 30 uploaded (t=2000) after the sidecar cut the
         // delta that follows it (t=1900); both chains reach 40.
-        let fulls = [k("v2/Full-00000000-00000010-1000"), k("v2/Full-00000000-00000030-2000")];
+        let fulls = [
+            k("v2/Full-00000000-00000010-1000"),
+            k("v2/Full-00000000-00000030-2000"),
+        ];
         let deltas = [
             k("v2/Incr-00000011-00000020-1500"),
             k("v2/Incr-00000021-00000030-1800"),
@@ -285,7 +288,10 @@ mod tests {
     fn two_deltas_at_one_revision_follow_the_history_written_after_the_full() {
         let k = |s: &str| parse(s).unwrap();
         // History A went on from 30; a restore to 30 started history B with a new full at 30.
-        let fulls = [k("v2/Full-00000000-00000030-1000"), k("v2/Full-00000000-00000030-5000")];
+        let fulls = [
+            k("v2/Full-00000000-00000030-1000"),
+            k("v2/Full-00000000-00000030-5000"),
+        ];
         let deltas = [
             k("v2/Incr-00000031-00000040-2000"),
             k("v2/Incr-00000041-00000050-3000"),

@@ -306,7 +306,9 @@ pub fn delta_payload(
             create_revision: kv.create_revision,
             version: kv.version,
         };
-        if current.as_ref().is_some_and(|(r, _)| r.revision != kv.mod_revision)
+        if current
+            .as_ref()
+            .is_some_and(|(r, _)| r.revision != kv.mod_revision)
             && let Some(done) = current.take()
         {
             flush(done, out)?;

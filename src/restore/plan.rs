@@ -143,10 +143,19 @@ pub fn candidates(
             gap,
         });
     }
-    // The chain that reaches furthest first; the newest full first among equals. They differ when
-    // an older chain went on past a newer full: a full taken beside the backup loop (`snapshot`),
-    // or GBR's chain and the warden's during a switch, each leading in turn.
-    out.sort_by_key(|c| std::cmp::Reverse(c.target_revision));
+    // Within one program's chains the newest full comes first, whatever its reach: two histories
+    // at one revision (a restore without a bump) must not make the abandoned one win. Between the
+    // warden's own chains and GBR's, one history (the same etcd, backed up by whichever program led
+    // during a switch), the one that reaches further comes first.
+    if let Some(first) = out.first() {
+        let own = first.full.is_own();
+        if let Some(i) = out.iter().position(|c| c.full.is_own() != own)
+            && out[i].target_revision > first.target_revision
+        {
+            let c = out.remove(i);
+            out.insert(0, c);
+        }
+    }
     out
 }
 
@@ -205,6 +214,45 @@ mod tests {
                 .copied()
                 .collect()
         }
+    }
+
+    /// During a switch GBR's chain and the warden's are one history: whichever reaches further
+    /// leads, the rest follow newest full first.
+    #[test]
+    fn between_gbr_and_own_chains_the_further_reaching_one_comes_first() {
+        let gbr = crate::gbr::names::parse("v2/Full-00000000-00000050-1000").unwrap();
+        let gbr_deltas = crate::gbr::names::chains(
+            &[gbr],
+            &[crate::gbr::names::parse("v2/Incr-00000051-00000150-1200").unwrap()],
+        );
+        let own = full(100, 1_100_000);
+        let own_deltas = vec![delta_of(&own, 101, 120, 1_150_000)];
+        let of = |c: ChainId| -> Vec<SnapshotName> {
+            if Some(c) == own.chain() {
+                return own_deltas.clone();
+            }
+            gbr_deltas
+                .iter()
+                .find(|(g, _)| *g == c)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        let cs = candidates(&[gbr, own], &of, Target::Latest);
+        assert_eq!((cs[0].full, cs[0].target_revision), (gbr, 150), "{cs:#?}");
+        assert_eq!(cs[1].full, own);
+        // Once the warden's own chain reaches further, it leads.
+        let cs = candidates(
+            &[gbr, own],
+            &|c| {
+                if Some(c) == own.chain() {
+                    vec![delta_of(&own, 101, 200, 1_300_000)]
+                } else {
+                    of(c)
+                }
+            },
+            Target::Latest,
+        );
+        assert_eq!((cs[0].full, cs[0].target_revision), (own, 200));
     }
 
     /// Two histories whose fulls share revision 10 (a restore landed there twice): each candidate

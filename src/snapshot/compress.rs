@@ -272,19 +272,38 @@ mod tests {
     #[test]
     fn go_lzw_with_table_resets_decodes_exactly() {
         let vocab = [
-            "etcd", "revision", "lease", "/registry/pods/", "kube-system", "0", "1", "42", "value",
-            "{\"kind\":\"Pod\"}", "x", "mod", "create", "version", "compact",
+            "etcd",
+            "revision",
+            "lease",
+            "/registry/pods/",
+            "kube-system",
+            "0",
+            "1",
+            "42",
+            "value",
+            "{\"kind\":\"Pod\"}",
+            "x",
+            "mod",
+            "create",
+            "version",
+            "compact",
         ];
         let mut x: u64 = 0x9e3779b97f4a7c15;
         let mut text = Vec::new();
         while text.len() < 65536 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             text.extend_from_slice(vocab[((x >> 33) % vocab.len() as u64) as usize].as_bytes());
             text.push(b' ' + ((x >> 20) % 3) as u8);
         }
         let packed = include_bytes!("../../tests/fixtures/gbr/lzw-resets.Z");
         // At most 4096 - 258 codes between resets, of 9 to 12 bits: several resets in this stream.
-        assert!(packed.len() * 8 / 12 > 2 * 4096, "{} bytes: too short to reset", packed.len());
+        assert!(
+            packed.len() * 8 / 12 > 2 * 4096,
+            "{} bytes: too short to reset",
+            packed.len()
+        );
         let mut de = Decompressor::lzw();
         let mut out = Vec::new();
         for chunk in packed.chunks(1000) {
@@ -292,7 +311,12 @@ mod tests {
             out.extend(de.take());
         }
         out.extend(de.finish().unwrap());
-        assert!(out == text, "decoded {} bytes, not the {} Go compressed", out.len(), text.len());
+        assert!(
+            out == text,
+            "decoded {} bytes, not the {} Go compressed",
+            out.len(),
+            text.len()
+        );
         let mut cut = Decompressor::lzw();
         cut.write(&packed[..packed.len() / 2]).unwrap();
         assert!(cut.finish().is_err(), "a cut lzw stream must not pass for whole");
