@@ -145,10 +145,11 @@ fn digits(s: &str) -> Option<u64> {
 /// after the sidecar cut the delta that follows it, and a new leader's clock may lag the old one's.
 /// Only when two deltas start at the same revision (two histories, after a restore to an older
 /// point) does it choose: the first written at or after what it follows, else the newest. A delta
-/// may extend more than one full (a compacted full and the chain it compacted), each time as a
-/// copy naming that chain. Returns the chains by their full, and the deltas no full reaches (theirs
-/// removed by GBR's garbage collection, which can keep deltas longer than their full), each in a
-/// chain of its own that no full starts ([`orphan`]).
+/// that several fulls reach (a new full, or a compacted one, in the middle of a run of deltas)
+/// goes to the newest of them, so each chain ends where the next full takes over, as the warden's
+/// own do. Returns the chains by their full, and the deltas no full reaches (theirs removed by
+/// GBR's garbage collection, which can keep deltas longer than their full), each in a chain of its
+/// own that no full starts ([`orphan`]).
 pub fn chains(fulls: &[SnapshotName], deltas: &[SnapshotName]) -> Vec<(ChainId, Vec<SnapshotName>)> {
     let mut by_first: std::collections::HashMap<i64, Vec<usize>> = std::collections::HashMap::new();
     for (i, d) in deltas.iter().enumerate() {
@@ -156,12 +157,13 @@ pub fn chains(fulls: &[SnapshotName], deltas: &[SnapshotName]) -> Vec<(ChainId, 
             by_first.entry(first).or_default().push(i);
         }
     }
-    let mut used = vec![false; deltas.len()];
-    let mut out = Vec::new();
-    for f in fulls.iter().filter(|f| f.is_full()) {
+    let mut fulls: Vec<&SnapshotName> = fulls.iter().filter(|f| f.is_full()).collect();
+    fulls.sort_by_key(|f| (f.last_revision(), f.created_ms));
+    // Oldest full first, so a newer full that reaches a delta takes it over.
+    let mut owner: Vec<Option<ChainId>> = vec![None; deltas.len()];
+    for f in &fulls {
         let Some(chain) = f.chain() else { continue };
         let (mut next, mut after) = (f.last_revision() + 1, f.created_ms);
-        let mut own = Vec::new();
         while let Some(starting) = by_first.get(&next) {
             let pick = starting
                 .iter()
@@ -170,20 +172,33 @@ pub fn chains(fulls: &[SnapshotName], deltas: &[SnapshotName]) -> Vec<(ChainId, 
                 .min_by_key(|&i| deltas[i].created_ms)
                 .or_else(|| starting.iter().copied().max_by_key(|&i| deltas[i].created_ms));
             let Some(i) = pick else { break };
-            used[i] = true;
-            own.push(in_chain(&deltas[i], chain));
+            owner[i] = Some(chain);
             next = deltas[i].last_revision() + 1;
             after = deltas[i].created_ms;
         }
-        out.push((chain, own));
     }
+    let mut out: Vec<(ChainId, Vec<SnapshotName>)> = fulls
+        .iter()
+        .filter_map(|f| f.chain())
+        .map(|c| (c, Vec::new()))
+        .collect();
     for (i, d) in deltas.iter().enumerate() {
-        if let (false, Kind::Delta { first, .. }) = (used[i], d.kind) {
-            let chain = ChainId {
-                base: first - 1,
-                base_created_ms: 0,
-            };
-            out.push((chain, vec![in_chain(d, chain)]));
+        let Kind::Delta { first, .. } = d.kind else {
+            continue;
+        };
+        match owner[i] {
+            Some(chain) => {
+                if let Some((_, v)) = out.iter_mut().find(|(c, _)| *c == chain) {
+                    v.push(in_chain(d, chain));
+                }
+            }
+            None => {
+                let chain = ChainId {
+                    base: first - 1,
+                    base_created_ms: 0,
+                };
+                out.push((chain, vec![in_chain(d, chain)]));
+            }
         }
     }
     out
@@ -262,7 +277,7 @@ mod tests {
     fn chains_follow_revisions_not_clocks() {
         let k = |s: &str| parse(s).unwrap();
         // etcd-druid's compaction job: the full at 30 uploaded (t=2000) after the sidecar cut the
-        // delta that follows it (t=1900); both chains reach 40.
+        // delta that follows it (t=1900): the compacted full's chain takes over from there.
         let fulls = [
             k("v2/Full-00000000-00000010-1000"),
             k("v2/Full-00000000-00000030-2000"),
@@ -276,12 +291,17 @@ mod tests {
             k("v2/Incr-00000003-00000009-900"),
         ];
         let chains = chains(&fulls, &deltas);
-        assert_eq!(of(&chains, &fulls[0]), [(11, 20), (21, 30), (31, 35), (36, 40)]);
+        assert_eq!(of(&chains, &fulls[0]), [(11, 20), (21, 30)]);
         assert_eq!(of(&chains, &fulls[1]), [(31, 35), (36, 40)]);
         let lone: Vec<_> = chains.iter().filter(|(c, _)| c.base_created_ms == 0).collect();
         assert_eq!(lone.len(), 1);
         assert_eq!(lone[0].0.base, 2);
         assert!(orphan(&lone[0].1[0]) && !orphan(&chains[0].1[0]));
+        assert_eq!(
+            chains.iter().map(|(_, v)| v.len()).sum::<usize>(),
+            deltas.len(),
+            "each delta in one chain"
+        );
     }
 
     #[test]
