@@ -306,7 +306,10 @@ fn gbr_backups_restore_exactly_at_the_newest_revision_and_at_points_in_time() {
             .nth(3)
             .cloned()
             .unwrap();
-        let when = humantime::format_rfc3339(std::time::UNIX_EPOCH + Duration::from_secs(secs)).to_string();
+        // GBR's names carry whole seconds: a delta named second S may have been cut up to S + 0.999,
+        // so it is taken from S + 1 on (and the next one, named S + 1, not yet).
+        let when =
+            humantime::format_rfc3339(std::time::UNIX_EPOCH + Duration::from_secs(secs + 1)).to_string();
         let mut args = vec!["--to-time", when.as_str()];
         args.extend(&ttl_arg);
         let r = restore(&store, &args);

@@ -449,6 +449,22 @@ mod tests {
             ]
         );
         assert!(r6.events[0].value.is_empty());
+        // A lease first named by a later revision is announced right before that revision: a
+        // restore that stops before it grants nothing.
+        let later = br#"[{"etcdEvent":{"kv":{"key":"YQ==","create_revision":5,"mod_revision":5,"version":1,"value":"MQ=="}},"time":"2026-12-01T10:00:00.1Z"},{"etcdEvent":{"kv":{"key":"Yg==","create_revision":6,"mod_revision":6,"version":1,"lease":9}},"time":"2026-12-01T10:00:00.2Z"}]"#;
+        let (n2, g2) = delta("v2/Incr-00000005-00000006-1700000000.gz");
+        let mut out = Vec::new();
+        delta_payload(&n2, &g2, later, 60, &mut out).unwrap();
+        let kinds: Vec<String> = delta_codec::Decoder::new()
+            .push(&out)
+            .unwrap()
+            .iter()
+            .map(|r| match r {
+                Record::Lease(l) => format!("lease {}", l.id),
+                Record::Revision(r) => format!("revision {}", r.revision),
+            })
+            .collect();
+        assert_eq!(kinds, ["revision 5", "lease 9", "revision 6"]);
         // A name whose range the events do not fill is corrupt, as is a revision missing inside.
         let (short, g2) = delta("v2/Incr-00000005-00000008-1700000000.gz");
         assert!(
