@@ -372,6 +372,19 @@ fn a_gbr_delta_whose_sha256_does_not_match_fails_verify_and_cuts_the_restore_bef
     gz.write_all(&data).unwrap();
     std::fs::write(&path, gz.finish().unwrap()).unwrap();
 
+    // And one stored byte flipped in a delta of the first chain: gzip's own check finds that one.
+    let flipped = names
+        .iter()
+        .find(|n| n.0 == "Incr" && n.2 < base)
+        .expect("a delta of the first chain")
+        .4
+        .clone();
+    let path = store.join("v2").join(&flipped);
+    let mut stored = std::fs::read(&path).unwrap();
+    let mid = stored.len() / 2;
+    stored[mid] ^= 0x40;
+    std::fs::write(&path, stored).unwrap();
+
     let url = format!("file://{}", store.display());
     let verify = Command::new(WARDEN)
         .args(["backups", "verify", "--store", &url])
@@ -384,6 +397,15 @@ fn a_gbr_delta_whose_sha256_does_not_match_fails_verify_and_cuts_the_restore_bef
         .find(|l| l.starts_with("FAIL") && l.contains(&victim))
         .unwrap_or_else(|| panic!("verify does not name {victim}:\n{text}"));
     assert!(line.contains("sha256"), "{line}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("FAIL") && l.contains(&flipped)),
+        "verify does not name {flipped}, a byte of it flipped:\n{text}"
+    );
+    assert!(
+        text.contains(&format!("{} objects checked, 2 problems", names.len())),
+        "{text}"
+    );
 
     let r = restore(&store, &[]);
     let stderr = String::from_utf8_lossy(&r.out.stderr);
@@ -632,4 +654,90 @@ fn a_cluster_on_a_gbr_prefix_never_bootstraps_empty_and_one_cluster_restore_brin
     }
     drop(wardens);
     assert_eq!(gbr_objects(&digests(&store)), before, "GBR's objects changed");
+}
+
+/// GBR's layout in S3 (moto's server), as its S3 provider writes it under `<bucket>/<prefix>/`: the
+/// newest chain in the older `v1/Backup-<s>/` layout, the rest in `v2/`, uploaded byte for byte with
+/// boto3. `backups verify` checks every object and a restore reaches GBR's newest revision exactly.
+#[test]
+fn gbr_backups_in_s3_verify_and_restore_exactly_across_both_layouts() {
+    use common::stores::*;
+    let exp = expected();
+    let etcd = etcd35();
+    let ctl = etcdctl_for(&etcd);
+    let final_rev = exp["final_revision"].as_i64().unwrap();
+    let (dir, store) = fixture_copy("gzip");
+    let names = gbr_names(&store);
+    let newest_full = names.iter().rfind(|n| n.0 == "Full").unwrap().clone();
+    let ip = unique_ip();
+    let moto = moto(&ip, 5000);
+    create_bucket(&moto.addr, "backups");
+    let mut keys = Vec::new();
+    for n in &names {
+        let key = if n.2 >= newest_full.2 && (n.0 == "Full" || n.1 > newest_full.2) {
+            format!("etcd-main/v1/Backup-{}/{}", newest_full.3, n.4)
+        } else {
+            format!("etcd-main/v2/{}", n.4)
+        };
+        keys.push((key, store.join("v2").join(&n.4)));
+    }
+    let list = dir.path().join("uploads.txt");
+    std::fs::write(
+        &list,
+        keys.iter()
+            .map(|(k, p)| format!("{k}\t{}\n", p.display()))
+            .collect::<String>(),
+    )
+    .unwrap();
+    let up = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, boto3\n\
+             s3 = boto3.client('s3', endpoint_url=sys.argv[1], region_name='us-east-1', aws_access_key_id='testing', aws_secret_access_key='testing')\n\
+             for line in open(sys.argv[2]):\n\
+             \x20   key, path = line.rstrip('\\n').split('\\t')\n\
+             \x20   s3.put_object(Bucket='backups', Key=key, Body=open(path, 'rb').read())",
+            &moto.endpoint,
+        ])
+        .arg(&list)
+        .output()
+        .unwrap();
+    assert!(
+        up.status.success(),
+        "upload: {}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let env = s3_env(&moto.endpoint);
+    let url = "s3://backups/etcd-main";
+    let verify = Command::new(WARDEN)
+        .args(["backups", "verify", "--store", url])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&verify.stdout);
+    assert!(
+        verify.status.success(),
+        "verify:\n{text}{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    assert!(
+        text.contains(&format!("{} objects checked, 0 problems", names.len())),
+        "{text}"
+    );
+    let data = dir.path().join("restored");
+    let rip = unique_ip();
+    let out = restore_command(url, &data, &etcd, &rip, &env).output().unwrap();
+    assert!(
+        out.status.success(),
+        "restore: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let restored = PlainEtcd::start(&etcd, &rip, &data, "m1");
+    assert_state(&ctl, &rip, &exp, final_rev, final_rev, "restored from S3");
+    restored.stop();
+    assert_eq!(
+        s3_keys(&moto.endpoint, "backups").len(),
+        names.len(),
+        "the restore wrote to the store"
+    );
 }
