@@ -133,6 +133,7 @@ pub async fn run(
     }
     tracker.spawn(crate::etcd::health::run(
         config.client.clone(),
+        config.backup.data_dir.clone(),
         config.health_interval,
         child_rx.clone(),
         health_tx,

@@ -39,9 +39,23 @@ const FAST_POLL: Duration = Duration::from_millis(50);
 /// (2 s was too short once on a loaded CI machine: a check timed out 2.2 s after a 157 MiB defrag).
 const AFTER_DEFRAG: Duration = Duration::from_secs(5);
 
+/// Below this much free space on the data dir's filesystem etcd cannot write (a WAL segment is
+/// 64 MiB, a db grows by pages): not ready, whatever the read path says. A restarted etcd on a full
+/// disk can still answer linearizable reads from its preallocated WAL, then fail the next write.
+const MIN_FREE: u64 = 4 << 20;
+
+/// Free bytes for unprivileged writers on the filesystem that holds `dir`; `None` when it cannot
+/// be told (the dir is being restored, or the call is not supported).
+fn free_bytes(dir: &std::path::Path) -> Option<u64> {
+    let st = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some((st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64))
+}
+
 /// Runs until cancelled.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     config: ClientConfig,
+    data_dir: std::path::PathBuf,
     interval: Duration,
     mut child: watch::Receiver<ChildState>,
     health: watch::Sender<Health>,
@@ -75,6 +89,16 @@ pub async fn run(
                 Some((_, c)) => check(c, config.timeout).await,
                 None => Err("etcd is not accepting client connections yet".to_owned()),
             };
+            if result.is_ok()
+                && let Some(free) = free_bytes(&data_dir).filter(|f| *f < MIN_FREE)
+            {
+                result = Err(format!(
+                    "the data dir's filesystem is full ({} KiB free of the {} MiB etcd needs to write): free space on {}",
+                    free >> 10,
+                    MIN_FREE >> 20,
+                    data_dir.display()
+                ));
+            }
             if *defragmenting.borrow() {
                 defrag_seen = Some(std::time::Instant::now());
             }
