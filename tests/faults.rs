@@ -180,10 +180,11 @@ fn data_dir_filesystem_full_gives_clear_errors_and_loses_no_acknowledged_write()
     let mnt = dir.path().join("small");
     std::fs::create_dir(&mnt).unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
-    // The warden and etcd run in their own mount namespace, with the data dir on a 160 MiB tmpfs
-    // (etcd preallocates 64 MiB of WAL) and a 24 MiB ballast file the test removes later.
+    // The warden and etcd run in their own mount namespace, with the data dir on a 256 MiB tmpfs
+    // (etcd preallocates 64 MiB of WAL) and a 96 MiB ballast file the test removes later: enough
+    // room for a restarted etcd's next WAL segment and the 4 MiB readiness wants free.
     let script = format!(
-        "mount -t tmpfs -o size=160m tmpfs {m} && dd if=/dev/zero of={m}/ballast bs=1M count=24 status=none && exec \"$@\"",
+        "mount -t tmpfs -o size=256m tmpfs {m} && dd if=/dev/zero of={m}/ballast bs=1M count=96 status=none && exec \"$@\"",
         m = mnt.display()
     );
     let b = Warden::builder_with(
@@ -229,7 +230,7 @@ fn data_dir_filesystem_full_gives_clear_errors_and_loses_no_acknowledged_write()
             }
         }
     });
-    assert!(acked.len() < 1000, "the 160 MiB filesystem never filled up");
+    assert!(acked.len() < 1000, "the 256 MiB filesystem never filled up");
     wait_for("readiness to drop with the disk full", START, || {
         w.get("/readyz").filter(|(c, _)| *c == 503)
     });
