@@ -82,6 +82,21 @@ fn fixture_copy(policy: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, store)
 }
 
+/// `backups verify` of `url`: its exit code and what it printed on stdout (stderr after it).
+fn verify(url: &str, env: &[(&str, String)]) -> (Option<i32>, String) {
+    let out = Command::new(WARDEN)
+        .args(["backups", "verify", "--store", url])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
 fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap().flatten() {
@@ -220,15 +235,8 @@ fn gbr_backups_restore_exactly_at_the_newest_revision_and_at_points_in_time() {
         let (_dir, store) = fixture_copy(policy);
         let names = gbr_names(&store);
         let url = format!("file://{}", store.display());
-        let verify = Command::new(WARDEN)
-            .args(["backups", "verify", "--store", &url])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&verify.stdout);
-        assert!(
-            verify.status.success(),
-            "{policy}: backups verify failed:\n{text}"
-        );
+        let (code, text) = verify(&url, &[]);
+        assert!(code == Some(0), "{policy}: backups verify failed:\n{text}");
         assert!(
             text.contains(&format!("{} objects checked, 0 problems", names.len())),
             "{policy}: not every GBR object checked:\n{text}"
@@ -386,12 +394,8 @@ fn a_gbr_delta_whose_sha256_does_not_match_fails_verify_and_cuts_the_restore_bef
     std::fs::write(&path, stored).unwrap();
 
     let url = format!("file://{}", store.display());
-    let verify = Command::new(WARDEN)
-        .args(["backups", "verify", "--store", &url])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&verify.stdout);
-    assert_eq!(verify.status.code(), Some(1), "verify must fail:\n{text}");
+    let (code, text) = verify(&url, &[]);
+    assert_eq!(code, Some(1), "verify must fail:\n{text}");
     let line = text
         .lines()
         .find(|l| l.starts_with("FAIL") && l.contains(&victim))
@@ -709,17 +713,8 @@ fn gbr_backups_in_s3_verify_and_restore_exactly_across_both_layouts() {
     );
     let env = s3_env(&moto.endpoint);
     let url = "s3://backups/etcd-main";
-    let verify = Command::new(WARDEN)
-        .args(["backups", "verify", "--store", url])
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&verify.stdout);
-    assert!(
-        verify.status.success(),
-        "verify:\n{text}{}",
-        String::from_utf8_lossy(&verify.stderr)
-    );
+    let (code, text) = verify(url, &env);
+    assert_eq!(code, Some(0), "verify:\n{text}");
     assert!(
         text.contains(&format!("{} objects checked, 0 problems", names.len())),
         "{text}"

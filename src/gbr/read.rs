@@ -141,7 +141,7 @@ where
 {
     if name.is_full() {
         let mut trailer = TrailerCheck::default();
-        let (size, raw) = stream_full(store, name, g, |bytes| {
+        let (size, raw) = stream(store, name, g, |bytes| {
             trailer.update(bytes);
             on_raw(bytes)
         })
@@ -165,8 +165,18 @@ where
     ))
 }
 
-/// Streams a full's stored bytes through its decompressor, handing out etcd's stream.
-async fn stream_full<F>(
+/// The object's bytes as the store hands them over.
+async fn get(store: &Store, name: &SnapshotName) -> Result<object_store::GetResult, ObjectError> {
+    store
+        .inner
+        .get(&Path::from(name.key()))
+        .await
+        .map_err(|e| unavailable(name, e))
+}
+
+/// Streams a GBR object's stored bytes through its decompressor into `sink`: a full's etcd stream,
+/// or a delta's JSON and sha256. Returns the stored and the decompressed size.
+async fn stream<F>(
     store: &Store,
     name: &SnapshotName,
     g: &GbrName,
@@ -175,11 +185,7 @@ async fn stream_full<F>(
 where
     F: FnMut(&[u8]) -> Result<(), String>,
 {
-    let got = store
-        .inner
-        .get(&Path::from(name.key()))
-        .await
-        .map_err(|e| unavailable(name, e))?;
+    let got = get(store, name).await?;
     let size = got.meta.size;
     let mut stream = format::byte_stream(got);
     let mut de = decompressor(g.compression).map_err(|e| corrupt(name, e))?;
@@ -207,32 +213,15 @@ where
 
 /// A delta's JSON, its sha256 checked (the object's last 32 bytes after decompression).
 async fn delta_json(store: &Store, name: &SnapshotName, g: &GbrName) -> Result<(u64, Vec<u8>), ObjectError> {
-    let got = store
-        .inner
-        .get(&Path::from(name.key()))
-        .await
-        .map_err(|e| unavailable(name, e))?;
-    let size = got.meta.size;
-    let stored = got.bytes().await.map_err(|e| unavailable(name, e))?;
-    let mut de = decompressor(g.compression).map_err(|e| corrupt(name, e))?;
     let mut data = Vec::new();
-    let decode = |e: std::io::Error| {
-        corrupt(
-            name,
-            format!("decode the {} payload: {e}", g.compression.as_str()),
-        )
-    };
-    for piece in stored.chunks(16 << 10) {
-        de.write(piece).map_err(decode)?;
-        data.extend(de.take());
+    let (size, _) = stream(store, name, g, |bytes| {
+        data.extend_from_slice(bytes);
         if data.len() > MAX_DELTA {
-            return Err(corrupt(
-                name,
-                format!("more than {MAX_DELTA} bytes after decompression"),
-            ));
+            return Err(format!("more than {MAX_DELTA} bytes after decompression"));
         }
-    }
-    data.extend(de.finish().map_err(decode)?);
+        Ok(())
+    })
+    .await?;
     if data.len() <= 32 {
         return Err(corrupt(name, "the delta is missing its sha256"));
     }
@@ -358,11 +347,7 @@ pub async fn read_full_to_file(
     let worker = FullWorker::start(Unpacker::from(de), file, path.to_owned(), done.clone());
     let key = name.key();
     let started = std::time::Instant::now();
-    let got = store
-        .inner
-        .get(&Path::from(key.as_str()))
-        .await
-        .map_err(|e| unavailable(name, e))?;
+    let got = get(store, name).await?;
     let size = got.meta.size;
     let mut stream = format::byte_stream(got);
     let mut read = Ok(());
