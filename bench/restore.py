@@ -8,6 +8,7 @@ of every stored revision).
 
 Usage: bench/restore.py --etcd PATH [--mib 1024] [--revisions 100000] [--rounds 2] [--no-replay]
                         [--keep DIR]   (prepare the store in DIR once and reuse it on later runs)
+                        [--compare BIN] (another etcd-warden, timed right after --warden each round)
 """
 import argparse
 import json
@@ -124,6 +125,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-replay", action="store_true", help="skip the through-etcd comparison")
     ap.add_argument("--keep", help="a directory to prepare the data in once, and to reuse")
+    ap.add_argument("--compare", help="another etcd-warden binary, timed (and checked) right after --warden")
     a = ap.parse_args()
     bindir = os.path.dirname(a.etcd)
     ctl = os.path.join(bindir, "etcdctl")
@@ -207,8 +209,8 @@ def run(a, tmp, store, etcd_flags, ctl, bindir, base, final, want, snap):
         if got != want:
             raise SystemExit(f"restored {out}: HashKV at {final} is {got}, the original's is {want}")
 
-    res = {"warden": [], "bumped": [], "etcdutl": [], "replay": []}
-    rss = {"warden": [], "bumped": [], "etcdutl": [], "replay": []}
+    res = {"warden": [], "bumped": [], "etcdutl": [], "replay": [], "compare": []}
+    rss = {"warden": [], "bumped": [], "etcdutl": [], "replay": [], "compare": []}
     bump_secs = []
     tree = []
     for r in range(a.rounds):
@@ -219,6 +221,14 @@ def run(a, tmp, store, etcd_flags, ctl, bindir, base, final, want, snap):
         if r == 0:
             check(out)
         shutil.rmtree(out)
+        if a.compare:
+            out = os.path.join(tmp, f"c{r}")
+            t, m, _ = timed_sampled([a.compare, "restore", "--store", store, "--data-dir", out, *restore_flags],
+                                    env=dict(os.environ, RUST_LOG="warn"))
+            res["compare"].append(t); rss["compare"].append(m)
+            if r == 0:
+                check(out)
+            shutil.rmtree(out)
         # The same with the revision bump an automatic restore does (--restore-bump-revision).
         out = os.path.join(tmp, f"b{r}")
         p = subprocess.run(["/usr/bin/time", "-f", "@@%e %M", a.warden, "restore", "--store", store, "--data-dir", out,
@@ -260,6 +270,11 @@ def run(a, tmp, store, etcd_flags, ctl, bindir, base, final, want, snap):
     mb = statistics.median(res["bumped"])
     print(f"  same with --bump-revision 1e9 --mark-compacted   {mb:7.2f}s   peak RSS {max(rss['bumped']):6.1f} MiB (with etcdutl)"
           f"   ratio {mb / mu:.2f}x; the bump itself {1000 * max(bump_secs or [0]):.1f} ms (max of {len(bump_secs)})")
+    if res["compare"]:
+        mc = statistics.median(res["compare"])
+        print(f"  {a.compare} (full + all deltas) {mc:7.2f}s   peak RSS {max(rss['compare']):6.1f} MiB"
+              f"   ratio {mc / mu:.2f}x (rounds {', '.join(f'{x:.2f}' for x in res['compare'])}; "
+              f"--warden rounds {', '.join(f'{x:.2f}' for x in res['warden'])})")
     if res["replay"]:
         mr = res["replay"][0]
         print(f"  same, deltas replayed through a private etcd     {mr:7.2f}s   peak RSS {rss['replay'][0]:6.1f} MiB"

@@ -142,6 +142,11 @@ impl Unpacker {
         self.de.take()
     }
 
+    /// See [`Decompressor::take_batch`].
+    pub fn take_batch(&mut self, min: usize) -> Option<Vec<u8>> {
+        self.de.take_batch(min)
+    }
+
     pub fn finish(mut self) -> io::Result<Vec<u8>> {
         if let Some(o) = self.open.take() {
             self.de.write(&o.finish()?)?;
@@ -232,14 +237,25 @@ impl Decompressor {
         }
     }
 
-    pub fn take(&mut self) -> Vec<u8> {
+    fn out(&mut self) -> &mut Vec<u8> {
         match self {
-            Self::Zstd(d) => std::mem::take(d.get_mut()),
-            Self::Gzip(d) => std::mem::take(d.get_mut()),
-            Self::Zlib(d) => std::mem::take(d.get_mut()),
-            Self::Lzw(d) => std::mem::take(&mut d.out),
-            Self::None(v) => std::mem::take(v),
+            Self::Zstd(d) => d.get_mut(),
+            Self::Gzip(d) => d.get_mut(),
+            Self::Zlib(d) => d.get_mut(),
+            Self::Lzw(d) => &mut d.out,
+            Self::None(v) => v,
         }
+    }
+
+    pub fn take(&mut self) -> Vec<u8> {
+        std::mem::take(self.out())
+    }
+
+    /// The output produced so far once it holds at least `min` bytes; the codec goes on writing
+    /// into a buffer already sized for the next batch.
+    pub fn take_batch(&mut self, min: usize) -> Option<Vec<u8>> {
+        let out = self.out();
+        (out.len() >= min).then(|| std::mem::replace(out, Vec::with_capacity(min + min / 2)))
     }
 
     /// Ends the stream: fails if the compressed data stopped short of its end.
