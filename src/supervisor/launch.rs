@@ -1,9 +1,10 @@
 //! How etcd is started: the user's command line untouched, in its own process group, with the
 //! warden's private environment removed.
 //!
-//! This is the one module allowed `unsafe`: a `pre_exec` hook that asks the kernel to SIGKILL etcd
-//! if the warden dies (PR_SET_PDEATHSIG), so a crashed or SIGKILLed warden outside a container never
-//! leaves an unsupervised etcd behind. The hook only calls async-signal-safe `prctl`.
+//! This is the one module allowed `unsafe`: `pre_exec` hooks, which run between fork and exec and
+//! make one async-signal-safe syscall each. One asks the kernel to SIGKILL etcd if the warden dies
+//! (PR_SET_PDEATHSIG), so a crashed or SIGKILLed warden outside a container never leaves an
+//! unsupervised etcd behind; the other hands one open file to a helper (`pass_file`).
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -59,9 +60,60 @@ fn set_parent_death_signal(cmd: &mut Command) {
     }
 }
 
+/// Hands `file` to the program `cmd` starts, as the path `/proc/self/fd/N` that program can open:
+/// a file with no name left (unlinked), whose dirty pages the kernel then drops instead of writing
+/// them to disk once the last descriptor closes. Rust opens every file close-on-exec; the flag is
+/// cleared in the child only, so no other program started meanwhile inherits the descriptor. The
+/// caller keeps `file` open until the child has exited. None when the descriptor is one of 0, 1 and
+/// 2 (this process started with them closed): the child's own stdio would replace it.
+#[expect(
+    unsafe_code,
+    reason = "pre_exec runs between fork and exec; fcntl is async-signal-safe"
+)]
+pub fn pass_file(cmd: &mut Command, file: &std::fs::File) -> Option<PathBuf> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    if fd <= 2 {
+        return None;
+    }
+    // SAFETY: the closure allocates nothing and only makes one fcntl syscall on a descriptor the
+    // caller keeps open until the child has exited.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = std::os::fd::BorrowedFd::borrow_raw(fd);
+            nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))
+                .map(drop)
+                .map_err(std::io::Error::from)
+        });
+    }
+    Some(PathBuf::from(format!("/proc/self/fd/{fd}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The child reads a file that has no name any more through the path it was given, and a
+    /// program started without `pass_file` does not hold the descriptor.
+    #[test]
+    fn a_passed_file_reaches_that_child_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snapshot.db");
+        std::fs::write(&path, b"etcd's database").unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut cat = Command::new("cat");
+        let passed = pass_file(&mut cat, &file).expect("a descriptor above 2");
+        let out = cat.arg(&passed).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.stdout, b"etcd's database");
+        let other = Command::new("cat").arg(&passed).output().unwrap();
+        assert!(
+            !other.status.success(),
+            "a program started without pass_file opened {}",
+            passed.display()
+        );
+    }
 
     #[test]
     fn private_env() {
