@@ -93,6 +93,28 @@ pub fn pass_file(cmd: &mut Command, file: &std::fs::File) -> Option<PathBuf> {
 mod tests {
     use super::*;
 
+    /// Runs `cmd` through the reaper: whether it exited 0, and its output.
+    fn run(cmd: &mut Command) -> (bool, Vec<u8>) {
+        use std::io::Read;
+        let reaper = crate::pid1::Reaper::new();
+        cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+        let mut child = reaper.spawn(cmd).unwrap();
+        let mut out = Vec::new();
+        child.stdout.take().unwrap().read_to_end(&mut out).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            reaper.reap();
+            if let Ok(status) = child.exit.try_recv() {
+                return (status == crate::pid1::ExitStatus::Code(0), out);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "cat did not exit within 10 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     /// The child reads a file that has no name any more through the path it was given, and a
     /// program started without `pass_file` does not hold the descriptor.
     #[test]
@@ -104,12 +126,10 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         let mut cat = Command::new("cat");
         let passed = pass_file(&mut cat, &file).expect("a descriptor above 2");
-        let out = cat.arg(&passed).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        assert_eq!(out.stdout, b"etcd's database");
-        let other = Command::new("cat").arg(&passed).output().unwrap();
+        assert_eq!(run(cat.arg(&passed)), (true, b"etcd's database".to_vec()));
+        let (ok, _) = run(Command::new("cat").arg(&passed));
         assert!(
-            !other.status.success(),
+            !ok,
             "a program started without pass_file opened {}",
             passed.display()
         );
