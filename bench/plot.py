@@ -8,13 +8,15 @@ import sys
 
 # (label, measured, goal, unit) — from README "Performance" (bench/run, 2 cores).
 ROWS = [
-    ("full snapshot → file, zstd, 1 GiB (× etcdctl save)", 0.84, 1.05, "×"),
-    ("full snapshot → S3 (s3s-fs), 425 MiB (× limit)", 1.43, 1.15, "×"),
-    ("full snapshot → S3 (s3s-fs), 1 GiB (× limit)", 0.92, 1.15, "×"),
-    ("snapshot peak RSS, 1.1 GiB DB (MiB)", 37.3, 40.0, "MiB"),
-    ("restore 1 GiB + 110k revisions (× etcdutl)", 1.54, 1.5, "×"),
-    ("restore 512 MiB + 80k revisions (× etcdutl)", 1.34, 1.5, "×"),
-    ("restore peak RSS (MiB)", 34.5, 40.0, "MiB"),
+    ("full snapshot → file, zstd, 1 GiB (× etcdctl save)", 0.77, 1.05, "×"),
+    ("full snapshot → S3 (s3s-fs), 425 MiB (× limit)", 1.23, 1.15, "×"),
+    ("  the same, completion after the last byte", 0.99, 1.15, "×"),
+    ("full snapshot → S3 (s3s-fs), 1 GiB (× limit)", 1.04, 1.15, "×"),
+    ("full snapshot → S3 (s3s-fs), 2 GiB (× limit)", 1.04, 1.15, "×"),
+    ("snapshot peak RSS, 0.4–2.1 GiB DB (MiB)", 36.2, 40.0, "MiB"),
+    ("restore 1 GiB + 133k revisions (× etcdutl)", 1.29, 1.5, "×"),
+    ("restore 512 MiB + 89k revisions (× etcdutl)", 1.23, 1.5, "×"),
+    ("restore peak RSS (MiB)", 37.8, 40.0, "MiB"),
     ("fencing: worst kill, 1 s interval (ms)", 948.0, 1050.0, "ms"),
     ("RPO, 1 s period: median lost window (s)", 0.34, 2.0, "s"),
     ("RPO, 10 s period: median lost window (s)", 1.17, 11.0, "s"),
