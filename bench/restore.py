@@ -8,7 +8,7 @@ of every stored revision).
 
 Usage: bench/restore.py --etcd PATH [--mib 1024] [--revisions 100000] [--rounds 2] [--no-replay]
                         [--keep DIR]   (prepare the store in DIR once and reuse it on later runs)
-                        [--compare BIN] (another etcd-warden, timed right after --warden each round)
+                        [--compare BIN] (another etcd-warden, timed beside --warden, each first in turn)
 """
 import argparse
 import json
@@ -125,7 +125,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--no-replay", action="store_true", help="skip the through-etcd comparison")
     ap.add_argument("--keep", help="a directory to prepare the data in once, and to reuse")
-    ap.add_argument("--compare", help="another etcd-warden binary, timed (and checked) right after --warden")
+    ap.add_argument("--compare", help="another etcd-warden binary, timed (and checked) beside --warden, each first in turn")
     a = ap.parse_args()
     bindir = os.path.dirname(a.etcd)
     ctl = os.path.join(bindir, "etcdctl")
@@ -214,18 +214,16 @@ def run(a, tmp, store, etcd_flags, ctl, bindir, base, final, want, snap):
     bump_secs = []
     tree = []
     for r in range(a.rounds):
-        out = os.path.join(tmp, f"w{r}")
-        t, m, whole = timed_sampled([a.warden, "restore", "--store", store, "--data-dir", out, *restore_flags],
-                                    env=dict(os.environ, RUST_LOG="warn"))
-        res["warden"].append(t); rss["warden"].append(m); tree.append(whole)
-        if r == 0:
-            check(out)
-        shutil.rmtree(out)
-        if a.compare:
-            out = os.path.join(tmp, f"c{r}")
-            t, m, _ = timed_sampled([a.compare, "restore", "--store", store, "--data-dir", out, *restore_flags],
-                                    env=dict(os.environ, RUST_LOG="warn"))
-            res["compare"].append(t); rss["compare"].append(m)
+        # With --compare, the two binaries take turns going first (A B, B A, ...): the page cache and
+        # the disk's writeback favour neither.
+        order = [("warden", a.warden, "w")] + ([("compare", a.compare, "c")] if a.compare else [])
+        for key, binary, tag in (order if r % 2 == 0 else order[::-1]):
+            out = os.path.join(tmp, f"{tag}{r}")
+            t, m, whole = timed_sampled([binary, "restore", "--store", store, "--data-dir", out, *restore_flags],
+                                        env=dict(os.environ, RUST_LOG="warn"))
+            res[key].append(t); rss[key].append(m)
+            if key == "warden":
+                tree.append(whole)
             if r == 0:
                 check(out)
             shutil.rmtree(out)

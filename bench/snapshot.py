@@ -16,7 +16,10 @@ The plain upload is timed in two steps: its parts (8 MiB, two at a time, as the 
 and the server's CompleteMultipartUpload. s3s-fs (and moto) copy every part into the final object
 there, after the last byte arrived, so no client can overlap it with anything: the second ratio is
 the warden over max(etcd's stream, the parts alone, the CPU floor without the completion) + the
-completion. (A real S3 completes in metadata, in milliseconds.)
+completion. (A real S3 completes in metadata, in milliseconds.) The floor's share of the
+completion is taken as its wall time: the servers copy the parts in one sequential loop, so it is
+at most one busy core, and subtracting the wall time can only lower the floor (a stricter ratio).
+Needs botocore >= 1.36 (request_checksum_calculation).
 
 Usage: bench/snapshot.py --etcd PATH [--sizes 400,1024,2048] [--rounds 3] [--s3s-fs PATH]
 """

@@ -414,17 +414,18 @@ async fn attempt(
         cmd.env("ETCDCTL_API", "3");
     }
     // The tool gets the downloaded file by descriptor and the file loses its name now: once the tool
-    // has copied it and both have closed it, the kernel drops its pages instead of writing a
-    // deleted 1 GiB to disk beside the tool's own fsync (which that writeback slowed by seconds).
-    // The tools (etcdctl 3.4, etcdutl 3.5) open the snapshot path once.
+    // has copied it and both have closed it, the kernel drops the pages not yet written back
+    // instead of writing a deleted 1 GiB to disk beside the tool's own fsync (which that writeback
+    // slowed by seconds). The tools (etcdctl 3.4, etcdutl 3.5) open the snapshot path once. Without
+    // /proc (the path does not resolve here) the file keeps its name and the tool gets that.
     let snapshot =
         std::fs::File::open(&db).map_err(|e| Failure::Local(format!("open {}: {e}", db.display())))?;
     let passed = match crate::supervisor::pass_file(&mut cmd, &snapshot) {
-        Some(passed) => {
+        Some(passed) if std::fs::metadata(&passed).is_ok() => {
             let _ = std::fs::remove_file(&db);
             passed
         }
-        None => db.clone(),
+        _ => db.clone(),
     };
     cmd.arg("snapshot")
         .arg("restore")

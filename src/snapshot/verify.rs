@@ -439,13 +439,16 @@ impl FullWorker {
             use std::io::Write;
             use std::sync::Arc;
             let (to_hasher, batches) = std::sync::mpsc::sync_channel::<Arc<Vec<u8>>>(HASH_QUEUE);
-            let hasher = std::thread::spawn(move || {
-                let mut trailer = TrailerCheck::default();
-                for batch in batches {
-                    trailer.update(&batch);
-                }
-                trailer
-            });
+            let hasher = std::thread::Builder::new()
+                .name("snapshot-sha256".into())
+                .spawn(move || {
+                    let mut trailer = TrailerCheck::default();
+                    for batch in batches {
+                        trailer.update(&batch);
+                    }
+                    trailer
+                })
+                .map_err(|e| ObjectError::Local(format!("start the snapshot hasher: {e}")))?;
             let mut raw = 0u64;
             let mut emit = |bytes: Vec<u8>| -> Result<(), ObjectError> {
                 raw += bytes.len() as u64;

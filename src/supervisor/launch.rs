@@ -61,8 +61,8 @@ fn set_parent_death_signal(cmd: &mut Command) {
 }
 
 /// Hands `file` to the program `cmd` starts, as the path `/proc/self/fd/N` that program can open:
-/// a file with no name left (unlinked), whose dirty pages the kernel then drops instead of writing
-/// them to disk once the last descriptor closes. Rust opens every file close-on-exec; the flag is
+/// a file with no name left (unlinked), whose dirty pages not yet written back the kernel then
+/// drops once the last descriptor closes. Rust opens every file close-on-exec; the flag is
 /// cleared in the child only, so no other program started meanwhile inherits the descriptor. The
 /// caller keeps `file` open until the child has exited. None when the descriptor is one of 0, 1 and
 /// 2 (this process started with them closed): the child's own stdio would replace it.
