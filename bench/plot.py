@@ -15,7 +15,7 @@ ROWS = [
     ("full snapshot → S3 (s3s-fs), 2 GiB (× limit)", 1.04, 1.15, "×"),
     ("snapshot peak RSS, 0.4–2.1 GiB DB (MiB)", 36.2, 40.0, "MiB"),
     ("restore 1 GiB + 133k revisions (× etcdutl)", 1.29, 1.5, "×"),
-    ("restore 512 MiB + 89k revisions (× etcdutl)", 1.23, 1.5, "×"),
+    ("restore 512 MiB + 89k revisions (× etcdutl)", 1.30, 1.5, "×"),
     ("restore peak RSS (MiB)", 37.8, 40.0, "MiB"),
     ("fencing: worst kill, 1 s interval (ms)", 948.0, 1050.0, "ms"),
     ("RPO, 1 s period: median lost window (s)", 0.34, 2.0, "s"),
