@@ -96,6 +96,7 @@ etcd_module() {
     stamp="$(cd "$src" && find . -type f \( -name '*.go' -o -name 'go.mod' -o -name "v$version.*" \) | sort \
         | xargs sha256sum | sha256sum | cut -d' ' -f1)"
     if [ ! -x "$root/etcd" ] || [ "$(cat "$root/builders.sha256" 2>/dev/null)" != "$stamp" ]; then
+        if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then export PATH="/usr/local/go/bin:$PATH"; fi
         command -v go >/dev/null || die "go not found: etcd $version is built from its Go modules (install Go 1.26+)"
         echo "deps: etcd $version from its Go modules (go build in builders/etcd, about a minute)" >&2
         rm -rf "$root.partial" && mkdir -p "$root.partial"

@@ -342,6 +342,14 @@ pub async fn restore(
         );
         return EX_USAGE;
     }
+    if let Some(wal) = &args.wal_dir
+        && !crate::restore::execute::is_empty_dir(wal)
+    {
+        eprintln!(
+            "etcd-warden: --wal-dir {wal:?}: exists and is not empty (restore into a new or empty directory; nothing was changed)"
+        );
+        return EX_USAGE;
+    }
     let etcd = match crate::config::resolve_program_str(&args.etcd) {
         Ok(p) => p,
         Err(e) => {
@@ -374,6 +382,10 @@ pub async fn restore(
     let opts = RestoreOptions {
         progress: crate::telemetry::Progress::terminal(),
         data_dir,
+        wal_dir: args
+            .wal_dir
+            .as_ref()
+            .map(|w| std::env::current_dir().unwrap_or_default().join(w)),
         etcd,
         tool: args.etcdutl.clone(),
         name: args.name.clone(),

@@ -147,6 +147,9 @@ pub struct RestoreArgs {
     /// The data dir to create; it must not exist or be empty.
     #[arg(long, value_name = "DIR")]
     pub data_dir: PathBuf,
+    /// etcd's --wal-dir: the restored WAL goes here (it must not exist or be empty), the db into --data-dir.
+    #[arg(long, value_name = "DIR")]
+    pub wal_dir: Option<PathBuf>,
     /// Stop at this revision.
     #[arg(long, value_name = "N", conflicts_with = "to_time")]
     pub to_revision: Option<i64>,

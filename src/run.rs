@@ -261,6 +261,14 @@ impl Terms {
                 tracing::warn!("ownership lost during the start-up check; etcd was not started");
                 continue;
             }
+            let taken = crate::etcd::ports::taken(&self.config.etcd);
+            if !taken.is_empty() {
+                tracing::error!(
+                    addresses = %taken.join(", "),
+                    "another process already listens on etcd's addresses (another etcd, e.g. a distribution's etcd.service?): the warden runs only its own etcd and did not start it; stop that process (`ss -ltnp` names it) and start the warden again"
+                );
+                return ExitStatus::Code(1);
+            }
             let _ = self.requests.send(Request::Start).await;
             let killed = match self.serve().await {
                 Served::Exit(status) => {
@@ -471,7 +479,7 @@ impl Terms {
             }
         }
         if let Some((flags, learner)) = joined {
-            self.join(&flags, learner).await;
+            self.join(&flags, learner).await?;
         }
         self.restoring.send_replace(None);
         Ok(())
@@ -479,11 +487,18 @@ impl Terms {
 
     /// A cluster member starts with the decision's etcd flags (joining its peers `existing`, or a
     /// restore plan's new cluster) and, as a learner, is promoted once it caught up.
-    async fn join(&mut self, flags: &[(String, String)], learner: Option<u64>) {
+    async fn join(&mut self, flags: &[(String, String)], learner: Option<u64>) -> Result<(), ExitStatus> {
         if !flags.is_empty() {
             let mut launch = self.config.launch.clone();
-            for (flag, value) in flags {
-                launch.args = crate::etcd::args::with_flag(&launch.args, flag, value);
+            let etcd = &self.config.etcd;
+            let copy = crate::etcd::dirs::beside(&etcd.data_path(), ".warden-etcd-config.json");
+            match crate::etcd::args::with_settings(&launch.args, etcd.config_file.as_deref(), &copy, flags) {
+                Ok(args) => launch.args = args,
+                // Without them etcd could bootstrap a cluster of its own: it is not started.
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot give etcd the settings of the start-up decision; etcd is not started");
+                    return Err(ExitStatus::Code(1));
+                }
             }
             let _ = self.requests.send(Request::SetLaunch(launch)).await;
         }
@@ -492,7 +507,7 @@ impl Terms {
                 old.abort();
             }
             let Ok(me) = crate::cluster::startup::me(&self.config) else {
-                return;
+                return Ok(());
             };
             let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
             let learner = crate::cluster::promote::Learner {
@@ -508,6 +523,7 @@ impl Terms {
                 self.member.clone(),
             )));
         }
+        Ok(())
     }
 
     /// `ctl leave`: remove this member (moving leadership away first), then hold etcd down, move
@@ -593,7 +609,7 @@ impl Terms {
                         continue;
                     }
                     let data = std::env::current_dir().unwrap_or_else(|_| "/".into()).join(&self.config.etcd.data_dir);
-                    let local = crate::cluster::local::check(&data);
+                    let local = crate::cluster::local::check(&crate::etcd::MemberDirs::of(&self.config.etcd));
                     if local != crate::cluster::local::LocalData::Sound {
                         tracing::error!(data = %data.display(), state = ?local, "etcd died and this member's data is not sound: holding etcd down and deciding again with the peers");
                         let (tx, killed) = tokio::sync::oneshot::channel();

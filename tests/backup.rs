@@ -217,8 +217,18 @@ fn etcd_3_4_full_and_deltas_to_files_restore_with_etcdctl() {
 }
 
 #[test]
+fn etcd_3_6_full_and_deltas_to_files_restore_with_etcdutl() {
+    file_store_round_trip(&etcd36(), true);
+}
+
+#[test]
+fn etcd_3_7_full_and_deltas_to_files_restore_with_etcdutl() {
+    file_store_round_trip(&etcd37(), true);
+}
+
+#[test]
 fn store_outage_under_writes_never_touches_readiness_and_backups_resume() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let ip = unique_ip();
     let (_moto, mut proxy, env) = moto_behind_proxy(&ip);
@@ -337,7 +347,7 @@ fn store_outage_under_writes_never_touches_readiness_and_backups_resume() {
 
 #[test]
 fn compacted_watch_start_falls_back_to_a_full_snapshot() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
@@ -387,7 +397,7 @@ fn compacted_watch_start_falls_back_to_a_full_snapshot() {
 /// checked in the store's own objects.
 #[test]
 fn every_write_acknowledged_until_etcd_stops_is_in_the_store() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let store_url = format!("file://{}", dir.path().join("store").display());
@@ -495,7 +505,7 @@ fn sigterm_flushes_the_pending_delta_before_stopping_etcd() {
 
 #[test]
 fn azure_blob_full_and_deltas_via_azurite() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let ip = unique_ip();
     let az = azurite(&ip, 10000);
@@ -539,7 +549,7 @@ fn azure_blob_full_and_deltas_via_azurite() {
 
 #[test]
 fn rotated_store_credentials_are_picked_up_without_a_restart() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let ip = unique_ip();
     let az = azurite(&ip, 10000);
@@ -675,7 +685,7 @@ fn a_long_chain_is_cut_by_a_full_snapshot() {
 /// revision range in /status and metrics; never a silent gap.
 #[test]
 fn a_compacted_gap_is_a_counted_chain_break_and_a_new_full() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
@@ -728,7 +738,7 @@ fn a_compacted_gap_is_a_counted_chain_break_and_a_new_full() {
 #[test]
 fn delta_buffer_bound_uploads_early_and_a_dropped_buffer_is_followed_by_a_full() {
     const MAX: u64 = 64 * 1024;
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let (_moto, mut proxy, env) = moto_behind_proxy(&ip);
     let store = "s3://backups/bounded";
@@ -877,7 +887,7 @@ fn delta_buffer_bound_uploads_early_and_a_dropped_buffer_is_followed_by_a_full()
 /// at or after the compaction, and a restore that holds every acknowledged write.
 #[test]
 fn a_watch_restarted_past_a_compaction_during_a_store_outage_starts_a_new_full() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let ip = unique_ip();
     let (_moto, mut proxy, env) = moto_behind_proxy(&ip);

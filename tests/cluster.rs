@@ -61,6 +61,21 @@ fn etcd_3_4_one_writer_per_cluster_and_the_next_leader_continues_the_chain() {
     one_writer_and_handover(&etcd34());
 }
 
+#[test]
+fn etcd_3_5_newest_one_writer_per_cluster_and_the_next_leader_continues_the_chain() {
+    one_writer_and_handover(&etcd35_newest());
+}
+
+#[test]
+fn etcd_3_6_one_writer_per_cluster_and_the_next_leader_continues_the_chain() {
+    one_writer_and_handover(&etcd36());
+}
+
+#[test]
+fn etcd_3_7_one_writer_per_cluster_and_the_next_leader_continues_the_chain() {
+    one_writer_and_handover(&etcd37());
+}
+
 fn one_writer_and_handover(etcd: &Path) {
     let etcd = etcd.to_path_buf();
     let ctl = etcdctl_for(&etcd);
@@ -151,7 +166,7 @@ fn one_writer_and_handover(etcd: &Path) {
 /// snapshot, no gap, nothing lost.
 #[test]
 fn ten_leader_moves_under_writes_keep_one_chain() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
@@ -199,7 +214,7 @@ fn ten_leader_moves_under_writes_keep_one_chain() {
 /// says why (status, metrics); its readiness is untouched. The owner's record lists its members.
 #[test]
 fn a_second_cluster_on_a_claimed_prefix_writes_nothing() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
     let a_ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
@@ -260,7 +275,7 @@ fn a_second_cluster_on_a_claimed_prefix_writes_nothing() {
 #[test]
 fn steady_state_is_two_requests_per_delta_and_no_listing() {
     use common::stores::{create_bucket, moto_with_log, s3_env};
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let dir = tempfile::tempdir().unwrap();
     let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
     let log = dir.path().join("moto.log");
@@ -378,7 +393,7 @@ fn steady_state_is_two_requests_per_delta_and_no_listing() {
 /// warden writes, the chain stays one and nothing acknowledged is lost.
 #[test]
 fn five_members_losing_two_keep_backing_up() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
     let ips: Vec<String> = (0..5).map(|_| unique_ip()).collect();
@@ -421,7 +436,7 @@ fn five_members_losing_two_keep_backing_up() {
 /// db shrinks, by etcd's own count.
 #[test]
 fn the_writer_defragments_followers_one_at_a_time_and_itself_last() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
@@ -520,7 +535,7 @@ fn the_writer_defragments_followers_one_at_a_time_and_itself_last() {
 /// what the majority holds.
 #[test]
 fn a_partitioned_leader_hands_over_and_rejoins_as_a_follower() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
     let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
@@ -580,7 +595,7 @@ fn compaction_during_a_store_cut_and_a_leader_death_is_one_counted_chain_break()
 /// in the store.
 fn store_cut_and_leader_killed(cut: Duration, compact: bool) {
     use common::stores::{Proxy, create_bucket, moto, s3_env};
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let dir = tempfile::tempdir().unwrap();
     let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
@@ -804,7 +819,7 @@ fn a_leader_cut_off_by_iptables_for_30s_writes_nothing_the_majority_lacks_and_re
     if !in_own_netns("a_leader_cut_off_by_iptables_for_30s_writes_nothing_the_majority_lacks_and_rejoins") {
         return;
     }
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());

@@ -1,6 +1,6 @@
 #![allow(clippy::disallowed_methods)]
 //! The warden as PID 1 of a real container: the FROM-scratch twin of the shipped Containerfile (built by
-//! `scripts/container-image`: a static musl warden, etcd 3.5.16 with its glibc, a static busybox), run by Debian's podman
+//! `scripts/container-image`: a static musl warden, etcd 3.6.16 (static), a static busybox), run by Debian's podman
 //! with runc on the host network. Driven the way an operator drives it: `podman kill --signal USR1`
 //! takes a full snapshot, an orphan left by `podman exec` is adopted and reaped by the warden, and
 //! `podman stop` stops etcd gracefully, the container exiting with etcd's status.
@@ -304,8 +304,12 @@ fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds
         || (status(&http)["warden"]["orphans_reaped"].as_u64() > Some(reaped)).then_some(()),
     );
 
-    etcdctl(&etcdctl_for(&etcd35()), &ip, &["put", "survives-a-restart", "1"])
-        .expect("a write through the container's etcd");
+    etcdctl(
+        &etcdctl_for(&default_etcd()),
+        &ip,
+        &["put", "survives-a-restart", "1"],
+    )
+    .expect("a write through the container's etcd");
     // podman stop: SIGTERM to PID 1, a graceful stop of etcd well within the 30 s grace, and the
     // container exits with etcd's status (etcd re-raises SIGTERM after a clean shutdown: 143).
     let t = Instant::now();
@@ -341,7 +345,7 @@ fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds
         matches!(http_get(&http, "/readyz"), Some((200, _))).then_some(())
     });
     let got = etcdctl(
-        &etcdctl_for(&etcd35()),
+        &etcdctl_for(&default_etcd()),
         &ip,
         &["get", "survives-a-restart", "--print-value-only"],
     )

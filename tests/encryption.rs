@@ -49,7 +49,7 @@ fn payload(object: &[u8]) -> &[u8] {
 
 #[test]
 fn encrypted_backups_restore_only_with_the_identity_and_age_decrypts_a_payload() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let (key, recipient) = keygen(dir.path());
@@ -166,7 +166,7 @@ fn encrypted_backups_restore_only_with_the_identity_and_age_decrypts_a_payload()
 /// exactly the acknowledged writes, at the backed-up revision plus the default bump.
 #[test]
 fn a_start_up_restore_reads_an_encrypted_store_with_the_identity_file() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();

@@ -40,7 +40,7 @@ fn verify_store(store: &str, envs: &[(&str, String)]) -> String {
 
 #[test]
 fn warden_sigkilled_mid_upload_20_times_leaves_no_partial_object_and_every_backup_restores() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let moto = moto(&ip, 5000);
     create_bucket(&moto.addr, "backups");
@@ -174,7 +174,7 @@ fn etcd_sigkilled_50_times_under_writes_is_respawned_and_loses_no_acknowledged_w
 
 #[test]
 fn data_dir_filesystem_full_gives_clear_errors_and_loses_no_acknowledged_write() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("small");
@@ -318,7 +318,7 @@ fn data_dir_filesystem_full_gives_clear_errors_and_loses_no_acknowledged_write()
 
 #[test]
 fn store_down_30s_under_load_never_drops_readiness_and_leaves_no_gap() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let (_moto, mut proxy, env) = moto_behind_proxy(&ip);
     let store = "s3://backups/outage";

@@ -46,8 +46,16 @@ fn probe(etcd: &Path, flag: &str) -> Read {
 }
 
 fn help_flags(etcd: &Path) -> BTreeSet<String> {
-    let out = Command::new(etcd).arg("--help").env_clear().output().expect("run etcd --help");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(etcd)
+        .arg("--help")
+        .env_clear()
+        .output()
+        .expect("run etcd --help");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let flags: BTreeSet<String> = text
         .lines()
         // A flag's own line is indented by two spaces; its description by four.
@@ -56,13 +64,20 @@ fn help_flags(etcd: &Path) -> BTreeSet<String> {
         .filter(|f| !f.is_empty())
         .map(str::to_owned)
         .collect();
-    assert!(flags.len() > 50, "{} --help listed only {flags:?}", etcd.display());
+    assert!(
+        flags.len() > 50,
+        "{} --help listed only {flags:?}",
+        etcd.display()
+    );
     flags
 }
 
 /// `3.6` of `etcd Version: 3.6.16`.
 fn minor(etcd: &Path) -> String {
-    let out = Command::new(etcd).arg("--version").output().expect("run etcd --version");
+    let out = Command::new(etcd)
+        .arg("--version")
+        .output()
+        .expect("run etcd --version");
     let text = String::from_utf8_lossy(&out.stdout);
     let v = text
         .lines()
@@ -101,7 +116,9 @@ fn source_words() -> BTreeSet<String> {
         for quoted in text.split('"').skip(1).step_by(2) {
             let word = quoted.trim();
             if !word.is_empty()
-                && word.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+                && word
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
                 && word.starts_with(|c: char| c.is_ascii_lowercase())
             {
                 out.insert(word.to_owned());
@@ -133,10 +150,18 @@ fn the_flag_table_reads_every_flag_as_each_supported_release_does() {
         let m = minor(b);
         let reads: Vec<(String, Read)> = std::thread::scope(|s| {
             let names: Vec<&String> = candidates.iter().collect();
-            let chunks: Vec<Vec<&String>> = names.chunks(names.len().div_ceil(8)).map(<[_]>::to_vec).collect();
+            let chunks: Vec<Vec<&String>> =
+                names.chunks(names.len().div_ceil(8)).map(<[_]>::to_vec).collect();
             let handles: Vec<_> = chunks
                 .into_iter()
-                .map(|chunk| s.spawn(move || chunk.into_iter().map(|n| (n.clone(), probe(b, n))).collect::<Vec<_>>()))
+                .map(|chunk| {
+                    s.spawn(move || {
+                        chunk
+                            .into_iter()
+                            .map(|n| (n.clone(), probe(b, n)))
+                            .collect::<Vec<_>>()
+                    })
+                })
                 .collect();
             handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
         });
@@ -144,14 +169,19 @@ fn the_flag_table_reads_every_flag_as_each_supported_release_does() {
             // etcd 3.7's --help still lists the v2 discovery flags that 3.7 removed.
             let stale_help = m == "3.7" && ["discovery", "discovery-proxy"].contains(&name.as_str());
             if help.contains(&name) && read == Read::Undefined && !stale_help {
-                problems.push(format!("{}: --help lists --{name}, but it is not defined", b.display()));
+                problems.push(format!(
+                    "{}: --help lists --{name}, but it is not defined",
+                    b.display()
+                ));
             }
             if read == Read::Undefined {
                 continue;
             }
             let prev = seen.entry(name.clone()).or_default().insert(m.clone(), read);
             if prev.is_some_and(|p| p != read) {
-                problems.push(format!("--{name} is read as {prev:?} and as {read:?} within etcd {m}"));
+                problems.push(format!(
+                    "--{name} is read as {prev:?} and as {read:?} within etcd {m}"
+                ));
             }
         }
     }
@@ -164,9 +194,15 @@ fn the_flag_table_reads_every_flag_as_each_supported_release_does() {
     for (name, by_minor) in &seen {
         let kinds: BTreeSet<Read> = by_minor.values().copied().collect();
         if kinds.len() > 1 {
-            problems.push(format!("--{name} is a boolean in one release and takes a value in another: {by_minor:?}"));
+            problems.push(format!(
+                "--{name} is a boolean in one release and takes a value in another: {by_minor:?}"
+            ));
         }
-        let kind = if kinds.contains(&Read::Bool) { "bool" } else { "value" };
+        let kind = if kinds.contains(&Read::Bool) {
+            "bool"
+        } else {
+            "value"
+        };
         let minors: Vec<&str> = by_minor.keys().map(String::as_str).collect();
         generated.push_str(&format!("{name}\t{kind}\t{}\n", minors.join(" ")));
     }

@@ -202,7 +202,12 @@ struct Restored {
 }
 
 fn restore(store: &Path, args: &[&str]) -> Restored {
-    let etcd = etcd35();
+    restore_with(&default_etcd(), store, args)
+}
+
+/// `restore` by the tools and the etcd of release `etcd`.
+fn restore_with(etcd: &Path, store: &Path, args: &[&str]) -> Restored {
+    let etcd = etcd.to_path_buf();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("restored");
     let ip = unique_ip();
@@ -221,8 +226,29 @@ fn restore(store: &Path, args: &[&str]) -> Restored {
 
 #[test]
 fn gbr_backups_restore_exactly_at_the_newest_revision_and_at_points_in_time() {
+    gbr_restores_exactly(&default_etcd());
+}
+
+#[test]
+fn etcd_3_7_gbr_backups_restore_exactly_at_the_newest_revision_and_at_points_in_time() {
+    gbr_restores_exactly(&etcd37());
+}
+
+#[test]
+fn etcd_3_5_gbr_backups_restore_exactly_at_the_newest_revision_and_at_points_in_time() {
+    gbr_restores_exactly(&etcd35());
+}
+
+#[test]
+fn etcd_3_5_newest_gbr_backups_restore_exactly_at_the_newest_revision_and_at_points_in_time() {
+    gbr_restores_exactly(&etcd35_newest());
+}
+
+/// GBR's fixture (written by etcdbrctl from etcd 3.5.16) restored with release `etcd`'s tools and
+/// served by its etcd: every stop revision exactly as etcd answered it then.
+fn gbr_restores_exactly(etcd: &Path) {
     let exp = expected();
-    let ctl = etcdctl_for(&etcd35());
+    let ctl = etcdctl_for(etcd);
     let final_rev = exp["final_revision"].as_i64().unwrap();
     let (early, late) = leases(&exp);
     let stops: Vec<i64> = exp["states"]
@@ -256,7 +282,7 @@ fn gbr_backups_restore_exactly_at_the_newest_revision_and_at_points_in_time() {
         } else {
             vec![]
         };
-        let r = restore(&store, &ttl_arg);
+        let r = restore_with(etcd, &store, &ttl_arg);
         assert!(
             r.out.status.success(),
             "{policy}: restore failed: {}",
@@ -291,7 +317,7 @@ fn gbr_backups_restore_exactly_at_the_newest_revision_and_at_points_in_time() {
                     .any(|(k, start, last, _, _)| k == "Incr" && *start <= s && s < *last)
             })
             .expect("a stop revision inside a delta");
-        let r = restore(&store, &["--to-revision", &inside.to_string()]);
+        let r = restore_with(etcd, &store, &["--to-revision", &inside.to_string()]);
         assert!(
             r.out.status.success(),
             "{policy}: restore --to-revision {inside}: {}",
@@ -320,7 +346,7 @@ fn gbr_backups_restore_exactly_at_the_newest_revision_and_at_points_in_time() {
             humantime::format_rfc3339(std::time::UNIX_EPOCH + Duration::from_secs(secs + 1)).to_string();
         let mut args = vec!["--to-time", when.as_str()];
         args.extend(&ttl_arg);
-        let r = restore(&store, &args);
+        let r = restore_with(etcd, &store, &args);
         assert!(
             r.out.status.success(),
             "{policy}: restore --to-time {when}: {}",
@@ -350,7 +376,7 @@ fn gbr_backups_restore_exactly_at_the_newest_revision_and_at_points_in_time() {
 #[test]
 fn a_gbr_delta_whose_sha256_does_not_match_fails_verify_and_cuts_the_restore_before_it() {
     let exp = expected();
-    let ctl = etcdctl_for(&etcd35());
+    let ctl = etcdctl_for(&default_etcd());
     let (_dir, store) = fixture_copy("gzip");
     // The first delta of the second chain: its JSON changed by one base64 character of a value, and
     // compressed again, so the JSON still parses and the gzip stream is sound: only GBR's own sha256
@@ -432,7 +458,7 @@ fn a_gbr_delta_whose_sha256_does_not_match_fails_verify_and_cuts_the_restore_bef
 #[test]
 fn a_revision_between_gbr_chains_restores_up_to_the_last_delta_below_it_and_says_so() {
     let exp = expected();
-    let ctl = etcdctl_for(&etcd35());
+    let ctl = etcdctl_for(&default_etcd());
     let (_dir, store) = fixture_copy("gzip");
     let names = gbr_names(&store);
     let second = names.iter().rfind(|n| n.0 == "Full").unwrap().2;
@@ -468,7 +494,7 @@ fn a_revision_between_gbr_chains_restores_up_to_the_last_delta_below_it_and_says
 #[test]
 fn run_on_a_gbr_prefix_restores_the_newest_chain_across_layouts_and_leaves_every_gbr_object_as_it_was() {
     let exp = expected();
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let final_rev = exp["final_revision"].as_i64().unwrap();
     let (early, late) = leases(&exp);
@@ -589,7 +615,7 @@ fn run_on_a_gbr_prefix_restores_the_newest_chain_across_layouts_and_leaves_every
 #[test]
 fn a_cluster_on_a_gbr_prefix_never_bootstraps_empty_and_one_cluster_restore_brings_gbr_history_back() {
     let exp = expected();
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let (dir, store) = fixture_copy("lzw");
     let names = gbr_names(&store);
@@ -667,7 +693,7 @@ fn a_cluster_on_a_gbr_prefix_never_bootstraps_empty_and_one_cluster_restore_brin
 fn gbr_backups_in_s3_verify_and_restore_exactly_across_both_layouts() {
     use common::stores::*;
     let exp = expected();
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let final_rev = exp["final_revision"].as_i64().unwrap();
     let (dir, store) = fixture_copy("gzip");

@@ -54,7 +54,7 @@ fn ctl(socket: &std::path::Path, args: &[&str]) -> (i32, String, String) {
 
 #[test]
 fn admin_socket_ctl_and_tcp_token() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("admin.sock");
@@ -193,7 +193,7 @@ fn tcp_refuses_state_changes_without_a_token_file_and_a_foreign_path_is_never_ta
 
 #[test]
 fn sigusr2_flushes_a_delta_now() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let (w, _) = warden_with_file_store(&etcd, &ip, dir.path(), &["--delta-snapshot-period", "1h"]);
@@ -213,7 +213,7 @@ fn sigusr2_flushes_a_delta_now() {
 
 #[test]
 fn scheduled_defrag_under_load_keeps_readiness() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
@@ -294,7 +294,7 @@ fn redact(exposition: &str) -> String {
 
 #[test]
 fn metrics_exposition_matches_the_golden_file() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dns = common::dns::DnsServer::start(&ip);
     dns.set_owner("owner.test", "me");
@@ -334,7 +334,7 @@ fn metrics_exposition_matches_the_golden_file() {
 
 #[test]
 fn sighup_rereads_the_config_file_and_keeps_the_old_one_when_the_new_is_invalid() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("warden.toml");
@@ -381,7 +381,7 @@ fn sighup_rereads_the_config_file_and_keeps_the_old_one_when_the_new_is_invalid(
 
 #[test]
 fn snapshot_and_restore_show_progress_on_a_terminal() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
@@ -421,7 +421,7 @@ fn snapshot_and_restore_show_progress_on_a_terminal() {
 /// follows; the store's own objects show the second started only after the first was complete.
 #[test]
 fn full_snapshot_requests_over_the_admin_socket_coalesce_one_running_one_pending() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("admin.sock");

@@ -239,7 +239,7 @@ fn private_etcd(w: &Warden, ip: &str, data: &Path) -> Option<i32> {
 
 #[test]
 fn hung_store_at_the_flip_never_delays_the_kill_and_the_public_ports_stay_shut_between_retries() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dns = DnsServer::start(&ip);
     dns.set_owner(OWNER, "host-a");
@@ -323,7 +323,7 @@ fn hung_store_at_the_flip_never_delays_the_kill_and_the_public_ports_stay_shut_b
 
 #[test]
 fn dns_timeouts_and_errors_never_kill_a_confirmed_owner() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dns = DnsServer::start(&ip);
     dns.set_owner(OWNER, "host-a");
@@ -377,7 +377,7 @@ fn dns_timeouts_and_errors_never_kill_a_confirmed_owner() {
 
 #[test]
 fn never_the_owner_never_serves_and_sighup_rechecks() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dns = DnsServer::start(&ip);
     dns.set_owner(OWNER, "host-b");
@@ -629,7 +629,7 @@ fn finals(keys: &[String], prefix: &str) -> Vec<String> {
 
 #[test]
 fn sigterm_during_the_final_snapshot_lets_it_finish_and_a_second_sigterm_abandons_it() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let moto_ip = unique_ip();
     let moto = moto(&moto_ip, 5000);
     create_bucket(&moto.addr, "backups");
@@ -690,7 +690,7 @@ fn sigterm_during_the_final_snapshot_lets_it_finish_and_a_second_sigterm_abandon
 
 #[test]
 fn a_regular_full_at_the_fence_revision_does_not_stand_in_for_the_final_snapshot() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dns = DnsServer::start(&ip);
     dns.set_owner(OWNER, "host-a");

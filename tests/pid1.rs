@@ -11,11 +11,7 @@ use nix::sys::signal::Signal;
 
 /// A child that double-forks an orphan (`sleep 2`) and then keeps running as "etcd".
 fn orphan_maker() -> Vec<String> {
-    vec![
-        "/bin/sh".into(),
-        "-c".into(),
-        "sh -c 'sleep 2 & exit 0'; exec sleep 600".into(),
-    ]
+    script_program("sh -c 'sleep 2 & exit 0'; exec sleep 600")
 }
 
 /// Follows the orphan from adoption by `warden` to its reaping; asserts no zombie child remains.

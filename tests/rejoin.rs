@@ -139,6 +139,21 @@ fn etcd_3_4_a_follower_whose_data_dir_vanishes_rejoins_as_a_learner() {
     data_dir_vanishes(&etcd34());
 }
 
+#[test]
+fn etcd_3_5_newest_a_follower_whose_data_dir_vanishes_rejoins_as_a_learner() {
+    data_dir_vanishes(&etcd35_newest());
+}
+
+#[test]
+fn etcd_3_6_a_follower_whose_data_dir_vanishes_rejoins_as_a_learner() {
+    data_dir_vanishes(&etcd36());
+}
+
+#[test]
+fn etcd_3_7_a_follower_whose_data_dir_vanishes_rejoins_as_a_learner() {
+    data_dir_vanishes(&etcd37());
+}
+
 /// A follower's data dir is deleted and its etcd SIGKILLed under a running warden: the warden
 /// does not respawn etcd on nothing; it removes the old entry, adds the member as a learner, starts
 /// it `existing`, and it is promoted — with a new member id, no backup downloaded, writes going on.
@@ -211,7 +226,7 @@ fn beside_done(dir: &Path, i: usize) -> bool {
 /// waits and changes nothing.
 #[test]
 fn a_truncated_db_is_kept_aside_and_the_repair_resumes_after_each_crash() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
@@ -326,7 +341,7 @@ fn a_truncated_db_is_kept_aside_and_the_repair_resumes_after_each_crash() {
 /// "quorum lost"; neither starts an etcd, so no second cluster id ever appears.
 #[test]
 fn two_members_wiped_while_stopped_never_bootstrap_a_new_cluster() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
@@ -462,6 +477,21 @@ fn etcd_3_5_all_three_wiped_come_back_with_one_cluster_restore() {
 #[test]
 fn etcd_3_4_all_three_wiped_come_back_with_one_cluster_restore() {
     all_three_wiped(&etcd34());
+}
+
+#[test]
+fn etcd_3_5_newest_all_three_wiped_come_back_with_one_cluster_restore() {
+    all_three_wiped(&etcd35_newest());
+}
+
+#[test]
+fn etcd_3_6_all_three_wiped_come_back_with_one_cluster_restore() {
+    all_three_wiped(&etcd36());
+}
+
+#[test]
+fn etcd_3_7_all_three_wiped_come_back_with_one_cluster_restore() {
+    all_three_wiped(&etcd37());
 }
 
 fn all_three_wiped(etcd: &Path) {
@@ -602,7 +632,7 @@ fn all_three_wiped(etcd: &Path) {
 /// backed-up revision, with the HashKV the cluster had there before the loss.
 #[test]
 fn a_cluster_restore_reaches_the_exact_history_and_includes_the_intact_member() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
@@ -643,7 +673,7 @@ fn a_cluster_restore_reaches_the_exact_history_and_includes_the_intact_member() 
 /// etcd 3.4/3.5 allow (the second waits for the first's promotion) — with quorum held throughout.
 #[test]
 fn five_members_with_two_dirs_wiped_at_once_rejoin_one_learner_at_a_time() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
@@ -715,7 +745,7 @@ fn five_members_with_two_dirs_wiped_at_once_rejoin_one_learner_at_a_time() {
 /// every acknowledged write in the store, the chain verifies, a left member never rejoins.
 #[test]
 fn scale_one_to_three_and_back_with_ctl_leave() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());
@@ -845,7 +875,7 @@ fn left_marker(dir: &Path, i: usize) -> bool {
 /// a peer before etcd starts, and the cluster dials it at the new address.
 #[test]
 fn a_changed_peer_url_is_updated_through_a_peer() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("store").display());

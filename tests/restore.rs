@@ -403,6 +403,21 @@ fn etcd_3_4_restore_is_exact_including_a_full_snapshot_taken_under_writes() {
     exact_restore(&etcd34(), Via::Bbolt);
 }
 
+#[test]
+fn etcd_3_6_restore_is_exact_including_a_full_snapshot_taken_under_writes() {
+    exact_restore(&etcd36(), Via::Bbolt);
+}
+
+#[test]
+fn etcd_3_7_restore_is_exact_including_a_full_snapshot_taken_under_writes() {
+    exact_restore(&etcd37(), Via::Bbolt);
+}
+
+#[test]
+fn etcd_3_7_restore_through_a_private_etcd_is_exact() {
+    exact_restore(&etcd37(), Via::Etcd);
+}
+
 /// The fallback (deltas replayed through a private etcd) stays exact too.
 #[test]
 fn etcd_3_5_restore_through_a_private_etcd_is_exact() {
@@ -411,7 +426,7 @@ fn etcd_3_5_restore_through_a_private_etcd_is_exact() {
 
 #[test]
 fn corrupt_newest_full_falls_back_to_the_older_chain() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
@@ -458,7 +473,7 @@ fn corrupt_newest_full_falls_back_to_the_older_chain() {
 
 #[test]
 fn bad_restore_input_is_refused_and_changes_nothing() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let dir = tempfile::tempdir().unwrap();
     let store = format!("file://{}", dir.path().join("empty-store").display());
     let target = dir.path().join("target");
@@ -523,7 +538,7 @@ fn broken_restore_tool_is_named(store: &str, etcd: &Path, dir: &Path) {
 /// many transactions in flight, and a delete must never be mistaken for "the put before it applied".
 #[test]
 fn replay_is_exact_under_put_delete_churn() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let (mut w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);
@@ -626,7 +641,7 @@ fn a_missing_middle_delta_fails_verify_and_restores_up_to_the_gap_with_a_warning
 }
 
 fn middle_delta_damaged(damage: Damage) {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
@@ -813,7 +828,7 @@ fn big_backup_behind_a_proxy(
 /// turn a store outage into a "corrupt" full.
 #[test]
 fn a_store_cut_mid_download_is_retried_and_the_newest_chain_restored() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let moto = moto(&ip, 5000);
     let dir = tempfile::tempdir().unwrap();
@@ -862,12 +877,26 @@ fn a_store_cut_mid_download_is_retried_and_the_newest_chain_restored() {
     );
 }
 
+#[test]
+fn auth_changes_after_the_full_are_restored() {
+    auth_changes_restored(&default_etcd());
+}
+
+#[test]
+fn etcd_3_7_auth_changes_after_the_full_are_restored() {
+    auth_changes_restored(&etcd37());
+}
+
+#[test]
+fn etcd_3_5_auth_changes_after_the_full_are_restored() {
+    auth_changes_restored(&etcd35());
+}
+
 /// Users, roles and `auth enable` live outside the key space that deltas carry: after such a change
 /// the warden takes a full snapshot soon, keeps backing up with its --etcd-user once auth is on, and
 /// a lost data dir comes back with auth enabled and the users and permissions intact.
-#[test]
-fn auth_changes_after_the_full_are_restored() {
-    let etcd = etcd35();
+fn auth_changes_restored(etcd: &Path) {
+    let etcd = etcd.to_path_buf();
     let ctl = etcdctl_for(&etcd);
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
@@ -958,12 +987,31 @@ fn auth_changes_after_the_full_are_restored() {
     w.wait_exit(START);
 }
 
+#[test]
+fn restore_to_time_holds_exactly_the_writes_acknowledged_before_it() {
+    restore_to_time(&default_etcd());
+}
+
+#[test]
+fn etcd_3_7_restore_to_time_holds_exactly_the_writes_acknowledged_before_it() {
+    restore_to_time(&etcd37());
+}
+
+#[test]
+fn etcd_3_5_restore_to_time_holds_exactly_the_writes_acknowledged_before_it() {
+    restore_to_time(&etcd35());
+}
+
+#[test]
+fn etcd_3_5_newest_restore_to_time_holds_exactly_the_writes_acknowledged_before_it() {
+    restore_to_time(&etcd35_newest());
+}
+
 /// `restore --to-time T`, T taken once the writes before it were in the store and before any
 /// later write: a plain etcd on the restored dir serves exactly the keys acknowledged before T, at
 /// the revision etcdctl reported then; a second T later in the same chain, and the latest, too.
-#[test]
-fn restore_to_time_holds_exactly_the_writes_acknowledged_before_it() {
-    let etcd = etcd35();
+fn restore_to_time(etcd: &Path) {
+    let etcd = etcd.to_path_buf();
     let ctl = etcdctl_for(&etcd);
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
@@ -1033,7 +1081,7 @@ fn restore_to_time_holds_exactly_the_writes_acknowledged_before_it() {
 /// beside it.
 #[test]
 fn ctrl_c_during_a_restore_leaves_no_target_and_no_partial_files() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let moto = moto(&ip, 5000);
     let dir = tempfile::tempdir().unwrap();
@@ -1097,7 +1145,7 @@ fn an_unexpected_db_shape_falls_back_to_the_replay_and_stays_exact() {
     use etcd_warden::store::format::Footer;
     use sha2::{Digest, Sha256};
 
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let (w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);

@@ -171,6 +171,16 @@ fn etcd_3_4_automatic_restore_never_reuses_a_revision_a_client_saw() {
     automatic_restore_never_reuses_a_revision(&etcd34());
 }
 
+#[test]
+fn etcd_3_6_automatic_restore_never_reuses_a_revision_a_client_saw() {
+    automatic_restore_never_reuses_a_revision(&etcd36());
+}
+
+#[test]
+fn etcd_3_7_automatic_restore_never_reuses_a_revision_a_client_saw() {
+    automatic_restore_never_reuses_a_revision(&etcd37());
+}
+
 fn restore_cli(store: &str, data: &Path, etcd: &Path, ip: &str, extra: &[&str]) -> String {
     let out = restore_command(store, data, etcd, ip, &[])
         .args(extra)
@@ -203,7 +213,7 @@ fn served(etcd: &Path, data: &Path, ip: &str) -> (i64, u32) {
 /// etcdutl refuses it.
 #[test]
 fn bump_equals_etcdutls_own() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let etcdutl = etcd.with_file_name("etcdutl");
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
@@ -296,7 +306,7 @@ fn bump_equals_etcdutls_own() {
 /// chain that a later restore picks.
 #[test]
 fn point_in_time_restore_then_run_keeps_it_and_starts_a_new_chain() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let (mut w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);
@@ -401,7 +411,7 @@ fn copy_tree(from: &Path, to: &Path) {
 /// deltas onto it (they cover the same revision numbers with other content).
 #[test]
 fn two_histories_sharing_a_base_revision_never_mix() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();

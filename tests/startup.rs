@@ -97,7 +97,7 @@ impl Setup {
 
 #[test]
 fn missing_data_dir_is_restored_at_start() {
-    let s = Setup::new(etcd35());
+    let s = Setup::new(default_etcd());
     let original = s.write_and_back_up("k", 15);
     std::fs::remove_dir_all(s.data()).unwrap();
     let mut w = s.warden();
@@ -139,7 +139,7 @@ fn garbage_db_is_moved_aside_and_restored() {
 
 #[test]
 fn data_dir_behind_the_store_is_replaced_and_kept_aside() {
-    let s = Setup::new(etcd35());
+    let s = Setup::new(default_etcd());
     s.write_and_back_up("old", 5);
     let copy = s.dir.path().join("old-copy");
     copy_dir(&s.data(), &copy);
@@ -164,7 +164,7 @@ fn data_dir_behind_the_store_is_replaced_and_kept_aside() {
 
 #[test]
 fn newer_local_data_is_kept() {
-    let s = Setup::new(etcd35());
+    let s = Setup::new(default_etcd());
     s.write_and_back_up("b", 5);
     // Writes the store never saw.
     let plain = PlainEtcd::start(&s.etcd, &s.ip, &s.data(), "m1");
@@ -200,7 +200,7 @@ fn copy_dir(from: &Path, to: &Path) {
 
 #[test]
 fn scheduled_restore_drill_exports_its_last_success() {
-    let s = Setup::new(etcd35());
+    let s = Setup::new(default_etcd());
     let mut argv = vec![s.etcd.display().to_string()];
     argv.extend(etcd_args(&s.ip, &s.data()));
     let mut w = Warden::start(
@@ -279,7 +279,7 @@ fn scheduled_restore_drill_exports_its_last_success() {
 /// starts on it; the older restore is kept aside, nothing is deleted.
 #[test]
 fn local_data_newer_than_every_usable_backup_is_kept() {
-    let s = Setup::new(etcd35());
+    let s = Setup::new(default_etcd());
     s.write_and_back_up("a", 5);
     // A second chain starts; the local data goes a little past its full.
     let mut w = s.warden();
@@ -330,7 +330,7 @@ fn local_data_newer_than_every_usable_backup_is_kept() {
 /// number and nothing else. `matches_live` is false, the drill failed, readiness is untouched.
 #[test]
 fn a_drill_that_does_not_reproduce_the_live_history_says_so() {
-    let s = Setup::new(etcd35());
+    let s = Setup::new(default_etcd());
     let (newest, _) = s.write_and_back_up("one-", 5);
     let back_to = newest - 3;
     std::fs::remove_dir_all(s.data()).unwrap();
@@ -398,7 +398,7 @@ fn a_drill_that_does_not_reproduce_the_live_history_says_so() {
 /// compared byte for byte: the validating private etcd opened it and wrote its own bookkeeping.)
 #[test]
 fn a_moved_aside_data_dir_is_put_back_when_the_restore_fails() {
-    let s = Setup::new(etcd35());
+    let s = Setup::new(default_etcd());
     s.write_and_back_up("a", 5);
     let copy = s.dir.path().join("behind-copy");
     copy_dir(&s.data(), &copy);
@@ -456,7 +456,7 @@ fn an_empty_data_dir_waits_for_an_unlistable_store_then_restores() {
     let moto = moto(&ip, 5000);
     create_bucket(&moto.addr, "backups");
     let mut proxy = Proxy::start(&format!("{ip}:5001"), &moto.addr);
-    let mut s = Setup::new(etcd35());
+    let mut s = Setup::new(default_etcd());
     s.store = "s3://backups/etcd/wait".into();
     s.envs = s3_env(&format!("http://{}", proxy.addr));
     let original = s.write_and_back_up("w", 8);
@@ -496,7 +496,7 @@ fn an_empty_data_dir_waits_for_an_unlistable_store_then_restores() {
 /// cluster); the two members bootstrap as configured and serve none of the backed-up keys.
 #[test]
 fn a_multi_member_cluster_member_is_never_restored_from_the_store() {
-    let s = Setup::new(etcd35());
+    let s = Setup::new(default_etcd());
     let backed_up = s.write_and_back_up("single", 10);
     std::fs::remove_dir_all(s.data()).unwrap();
     let ips = vec![s.ip.clone(), unique_ip()];

@@ -13,7 +13,7 @@ use nix::sys::signal::Signal;
 const START: Duration = Duration::from_secs(30);
 
 fn sh(script: &str) -> Vec<String> {
-    vec!["/bin/sh".into(), "-c".into(), script.into()]
+    script_program(script)
 }
 
 fn with_etcd(etcd: &Path, opts: &[&str]) -> (Warden, String) {
@@ -93,12 +93,31 @@ fn etcd_3_4_supervised_ready_and_stopped_gracefully() {
 
 #[test]
 fn etcd_3_5_supervised_ready_and_stopped_gracefully() {
-    supervise_real_etcd(&etcd35(), &["etcd-io/etcd#19557", "etcd-io/etcd#20967"]);
+    supervise_real_etcd(
+        &etcd35(),
+        &[
+            "etcd-io/etcd#19557",
+            "etcd-io/etcd#20967",
+            "etcd-io/etcd#20650",
+            "etcd-io/etcd#21417",
+            "etcd-io/etcd#21694",
+        ],
+    );
 }
 
 #[test]
 fn etcd_3_5_newest_supervised_ready_and_stopped_gracefully() {
-    supervise_real_etcd(&etcd35_newest(), &[]);
+    supervise_real_etcd(&etcd35_newest(), &["etcd-io/etcd#21694"]);
+}
+
+#[test]
+fn etcd_3_6_supervised_ready_and_stopped_gracefully() {
+    supervise_real_etcd(&etcd36(), &["etcd-io/etcd#21432"]);
+}
+
+#[test]
+fn etcd_3_7_supervised_ready_and_stopped_gracefully() {
+    supervise_real_etcd(&etcd37(), &[]);
 }
 
 /// 3.5.1 runs (the warden never refuses a release) and is reported with its data-loss bug.
@@ -106,7 +125,14 @@ fn etcd_3_5_newest_supervised_ready_and_stopped_gracefully() {
 fn etcd_3_5_1_runs_and_its_data_loss_bug_is_reported() {
     supervise_real_etcd(
         &etcd351(),
-        &["etcd-io/etcd#13766", "etcd-io/etcd#19557", "etcd-io/etcd#20967"],
+        &[
+            "etcd-io/etcd#13766",
+            "etcd-io/etcd#19557",
+            "etcd-io/etcd#20967",
+            "etcd-io/etcd#20650",
+            "etcd-io/etcd#21417",
+            "etcd-io/etcd#21694",
+        ],
     );
 }
 
@@ -357,7 +383,7 @@ fn a_warden_whose_test_thread_died_dies_with_it() {
 /// on its address; one that exited fails the wait at once, with its log.
 #[test]
 fn wait_ready_is_not_satisfied_by_another_warden_on_the_address() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let (first, ip) = with_etcd(&etcd, &[]);
     first.wait_ready(START);
     let dir = tempfile::tempdir().unwrap();
@@ -413,7 +439,7 @@ fn unready_while_alarmed(w: &Warden, alarm: &str) {
 /// ready again. The alarm is real: etcd's own quota, raised by writes, checked with etcdctl.
 #[test]
 fn a_nospace_alarm_makes_readiness_503_until_it_is_disarmed() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
@@ -461,7 +487,7 @@ fn a_nospace_alarm_makes_readiness_503_until_it_is_disarmed() {
 /// readiness 503 naming it; `etcdctl alarm disarm` makes it ready again.
 #[test]
 fn a_corrupt_alarm_makes_readiness_503_until_it_is_disarmed() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let (mut w, ip) = with_etcd(&etcd, &["--health-interval", "200ms"]);
     w.wait_ready(START);

@@ -117,7 +117,7 @@ fn etcdctl_tls(ctl: &Path, ip: &str, d: &Path, args: &[&str]) -> String {
 
 #[test]
 fn ready_through_tls_with_client_cert_auth_from_etcds_own_flags() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -157,7 +157,7 @@ fn ready_through_tls_with_client_cert_auth_from_etcds_own_flags() {
 /// the chain restores to exactly what etcdctl read from the live etcd.
 #[test]
 fn backups_over_mutual_tls_restore_to_what_etcdctl_saw() {
-    let etcd = etcd35();
+    let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();

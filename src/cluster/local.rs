@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use crate::etcd::MemberDirs;
 use crate::restore::bolt::BoltFile;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -16,15 +17,16 @@ pub enum LocalData {
     Broken(String),
 }
 
-pub fn check(data: &Path) -> LocalData {
-    if crate::restore::execute::is_empty_dir(data) {
+pub fn check(dirs: &MemberDirs) -> LocalData {
+    let data = &dirs.data;
+    if dirs.is_empty() {
         return LocalData::Missing;
     }
     let member = data.join("member");
     if !member.is_dir() {
         return LocalData::Broken(format!("{} has no member directory", data.display()));
     }
-    let wal = member.join("wal");
+    let wal = dirs.wal_dir();
     let segments = std::fs::read_dir(&wal)
         .map(|d| {
             d.flatten()

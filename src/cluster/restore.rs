@@ -83,17 +83,21 @@ pub async fn apply(
         "restoring by cluster restore plan {} (revision {})",
         plan.id, plan.target_revision
     )));
-    let mut moved = None;
-    if !crate::restore::execute::is_empty_dir(data) {
-        let to = crate::restore::startup::beside(data, &format!(".before-cluster-restore-{}", plan.id));
-        std::fs::rename(data, &to)
-            .map_err(|e| format!("move {} aside to {}: {e}", data.display(), to.display()))?;
+    let dirs = crate::etcd::MemberDirs {
+        data: data.to_owned(),
+        wal: cfg.etcd.wal_path(),
+    };
+    let suffix = format!(".before-cluster-restore-{}", plan.id);
+    let mut moved = false;
+    if !dirs.is_empty() {
+        let to = dirs.move_aside(&suffix)?;
         tracing::warn!(from = %data.display(), to = %to.display(), "member data moved aside for the cluster restore (kept, not deleted)");
-        moved = Some(to);
+        moved = true;
     }
     let opts = RestoreOptions {
         progress: crate::restore::execute::Progress::to(|_| {}),
         data_dir: data.to_owned(),
+        wal_dir: dirs.wal.clone(),
         etcd: cfg.launch.program.clone(),
         tool: None,
         name: name.clone(),
@@ -107,13 +111,13 @@ pub async fn apply(
         bump_revision: plan.bump_revision,
     };
     let put_back = |why: String| -> String {
-        if let Some(from) = &moved {
-            let failed =
-                crate::restore::startup::beside(data, &format!(".failed-cluster-restore-{}", plan.id));
-            let _ = std::fs::rename(data, &failed);
-            let _ = std::fs::rename(from, data);
+        if !moved {
+            return why;
         }
-        why
+        match dirs.put_back(&suffix, &format!(".failed-cluster-restore-{}", plan.id)) {
+            Ok(()) => why,
+            Err(e) => format!("{why}; and putting the member's data back failed: {e}"),
+        }
     };
     let report = crate::restore::restore(store, &opts, reaper).await.map_err(|e| {
         put_back(format!(

@@ -169,7 +169,11 @@ async fn step(
     status: &watch::Sender<Option<String>>,
 ) -> Result<Option<Decision>, String> {
     let journal = Journal::load(data)?;
-    let local = local::check(data);
+    let dirs = crate::etcd::MemberDirs {
+        data: data.to_owned(),
+        wal: cfg.etcd.wal_path(),
+    };
+    let local = local::check(&dirs);
     let survey = peers::survey(&cfg.client, &me.others, &cfg.cluster_endpoints, &me.client_urls).await;
     // A cluster restore plan for this member, while the cluster has no quorum (or forced).
     if let Ok(store) = cfg.backup.open_store() {
@@ -214,6 +218,18 @@ async fn step(
                 .any(|o| o.trim_end_matches('/') == u.trim_end_matches('/'))
         })
     {
+        if m.is_learner {
+            // etcd before 3.5.31 / 3.6.12 promotes a learner that gets a MemberUpdate
+            // (etcd-io/etcd#21694): a learner is never updated, whatever the release.
+            say(
+                status,
+                &format!(
+                    "this member is learner {:x} and its peer URLs changed from {:?} to {:?}: the warden never updates a learner (etcd-io/etcd#21694 promotes it); remove it (`etcdctl member remove {:x}`) and it rejoins with the new URLs",
+                    m.id, m.peer_urls, me.peer_urls, m.id
+                ),
+            );
+            return Ok(None);
+        }
         // Our flags advertise other peer URLs than the cluster has for us: tell the cluster
         // (through a voter) before etcd starts, so the peers dial the new address.
         match peers::update(&cfg.client, voter, m.id, &me.peer_urls).await {
@@ -341,17 +357,20 @@ async fn step(
         // Listed and started before, but our data is gone or broken: remove that entry first.
         Some(m) => {
             if let LocalData::Broken(why) = &local {
-                let to = crate::restore::startup::beside(
-                    data,
-                    &format!(
-                        ".broken-{}",
-                        crate::store::layout::format_time(crate::store::layout::now_ms())
-                    ),
+                let suffix = format!(
+                    ".broken-{}",
+                    crate::store::layout::format_time(crate::store::layout::now_ms())
                 );
+                let to = crate::restore::startup::beside(data, &suffix);
                 journal.moved_aside = Some(to.clone());
                 journal.save(data)?;
-                std::fs::rename(data, &to)
-                    .map_err(|e| format!("move {} aside to {}: {e}", data.display(), to.display()))?;
+                // With --wal-dir the WAL goes aside too (to `<wal-dir><suffix>`): the learner
+                // must start on an empty WAL.
+                crate::etcd::MemberDirs {
+                    data: data.to_owned(),
+                    wal: cfg.etcd.wal_path(),
+                }
+                .move_aside(&suffix)?;
                 tracing::warn!(why, from = %data.display(), to = %to.display(), "broken member data moved aside (kept, not deleted)");
             }
             tracing::warn!(

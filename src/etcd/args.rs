@@ -6,7 +6,7 @@
 //! with flags taking precedence as in etcd. This module is pure so that every spelling is table-tested.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 use url::Url;
@@ -20,8 +20,12 @@ pub struct EtcdArgs {
     pub name: String,
     /// `--data-dir` (etcd's default: `<name>.etcd`, relative to the working directory).
     pub data_dir: PathBuf,
+    /// `--wal-dir`: the WAL's own directory, when it is not `<data-dir>/member/wal`.
+    pub wal_dir: Option<PathBuf>,
     /// `--listen-client-urls` (etcd's default: `http://localhost:2379`).
     pub listen_client_urls: Vec<Url>,
+    /// `--listen-peer-urls` (etcd's default: `http://localhost:2380`).
+    pub listen_peer_urls: Vec<Url>,
     /// `--advertise-client-urls`, if given.
     pub advertise_client_urls: Vec<Url>,
     /// `--cert-file`: the server certificate clients verify.
@@ -42,7 +46,8 @@ pub struct EtcdArgs {
     pub initial_cluster_token: Option<String>,
     /// `--initial-advertise-peer-urls`.
     pub initial_advertise_peer_urls: Option<String>,
-    /// `--config-file`: the warden does not read etcd's YAML config yet.
+    /// `--config-file` (or `ETCD_CONFIG_FILE`): etcd's YAML config, which etcd then reads instead
+    /// of every other flag and `ETCD_*` variable; so does the warden.
     pub config_file: Option<PathBuf>,
 }
 
@@ -63,17 +68,30 @@ pub enum ArgsError {
     UnknownFlag { flag: String, releases: String },
     #[error("etcd flag --{flag}={value:?}: not a boolean (use true or false)")]
     BadBool { flag: String, value: String },
-    #[error(
-        "etcd flag --config-file {path:?}: the warden cannot read etcd's YAML config yet (pass the settings as flags or ETCD_* variables)"
-    )]
-    ConfigFile { path: PathBuf },
+    #[error("etcd --config-file {path:?}: {reason}")]
+    ConfigFile { path: PathBuf, reason: String },
 }
 
 impl EtcdArgs {
     /// Parses etcd's arguments (without the binary) and its environment.
     pub fn parse<S: AsRef<str>>(args: &[S], env: &HashMap<String, String>) -> Result<Self, ArgsError> {
         let flags = collect_flags(args)?;
+        // etcd reads ETCD_CONFIG_FILE only when the flag is not given, and with a config file it
+        // ignores every other flag and variable.
+        let config_file = flags
+            .get("config-file")
+            .or_else(|| env.get("ETCD_CONFIG_FILE"))
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from);
+        let config = match &config_file {
+            Some(path) => Some(read_config_file(path)?),
+            None => None,
+        };
         let get = |name: &str| -> Option<(String, String)> {
+            if let (Some(path), Some(config)) = (&config_file, &config) {
+                return config_value(config, name)
+                    .map(|v| (format!("key {name} of --config-file {}", path.display()), v));
+            }
             if let Some(v) = flags.get(name) {
                 return Some((format!("flag --{name}"), v.clone()));
             }
@@ -106,12 +124,12 @@ impl EtcdArgs {
         let data_dir = get("data-dir")
             .map(|(_, v)| PathBuf::from(v))
             .unwrap_or_else(|| PathBuf::from(format!("{name}.etcd")));
-        let config_file = get("config-file").map(|(_, v)| PathBuf::from(v));
-        if let Some(path) = config_file {
-            return Err(ArgsError::ConfigFile { path });
-        }
         Ok(Self {
+            wal_dir: get("wal-dir")
+                .map(|(_, v)| PathBuf::from(v))
+                .filter(|p| !p.as_os_str().is_empty()),
             listen_client_urls: urls("listen-client-urls", Some("http://localhost:2379"))?,
+            listen_peer_urls: urls("listen-peer-urls", Some("http://localhost:2380"))?,
             advertise_client_urls: urls("advertise-client-urls", None)?,
             cert_file: get("cert-file").map(|(_, v)| PathBuf::from(v)),
             key_file: get("key-file").map(|(_, v)| PathBuf::from(v)),
@@ -122,7 +140,7 @@ impl EtcdArgs {
             initial_cluster_state: get("initial-cluster-state").map(|(_, v)| v),
             initial_cluster_token: get("initial-cluster-token").map(|(_, v)| v),
             initial_advertise_peer_urls: get("initial-advertise-peer-urls").map(|(_, v)| v),
-            config_file: None,
+            config_file,
             name,
             data_dir,
         })
@@ -151,10 +169,85 @@ impl EtcdArgs {
         out
     }
 
+    /// The data dir, absolute (against the working directory, as etcd resolves it).
+    pub fn data_path(&self) -> PathBuf {
+        cwd().join(&self.data_dir)
+    }
+
+    /// `--wal-dir`, absolute; `None` when the WAL lives in the data dir.
+    pub fn wal_path(&self) -> Option<PathBuf> {
+        self.wal_dir.as_ref().map(|w| cwd().join(w))
+    }
+
     /// Whether the warden's client must speak TLS to etcd.
     pub fn uses_tls(&self) -> bool {
         self.listen_client_urls.iter().any(|u| u.scheme() == "https")
     }
+}
+
+/// etcd's config file as etcd reads it (sigs.k8s.io/yaml: YAML turned into JSON, so JSON too).
+fn read_config_file(path: &Path) -> Result<serde_json::Map<String, serde_json::Value>, ArgsError> {
+    let failed = |reason: String| ArgsError::ConfigFile {
+        path: path.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| failed(format!("cannot be read: {e}")))?;
+    let value: serde_json::Value =
+        serde_yaml_ng::from_str(&text).map_err(|e| failed(format!("is not YAML etcd can read: {e}")))?;
+    match value {
+        serde_json::Value::Object(map) => Ok(map),
+        serde_json::Value::Null => Ok(serde_json::Map::new()),
+        _ => Err(failed(
+            "is not a mapping of etcd's settings (name: ..., data-dir: ...)".to_owned(),
+        )),
+    }
+}
+
+/// The setting `name` in etcd's config file: the client TLS settings sit under
+/// `client-transport-security`, the rest at the top; values as etcd's flags would spell them.
+fn config_value(config: &serde_json::Map<String, serde_json::Value>, name: &str) -> Option<String> {
+    let v = match name {
+        "cert-file" | "key-file" | "trusted-ca-file" | "client-cert-auth" | "auto-tls" => {
+            config.get("client-transport-security")?.get(name)?
+        }
+        _ => config.get(name)?,
+    };
+    match v {
+        serde_json::Value::Null => None,
+        serde_json::Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
+}
+
+/// etcd's command line with these settings changed (the cluster flags a rejoin or a restore plan
+/// sets). With a config file, etcd would ignore such flags: the settings go into a copy of the
+/// file, written to `copy`, and the command line points `--config-file` at that copy.
+pub fn with_settings(
+    args: &[std::ffi::OsString],
+    config_file: Option<&Path>,
+    copy: &Path,
+    settings: &[(String, String)],
+) -> Result<Vec<std::ffi::OsString>, ArgsError> {
+    let Some(path) = config_file else {
+        return Ok(settings
+            .iter()
+            .fold(args.to_vec(), |a, (k, v)| with_flag(&a, k, v)));
+    };
+    let mut config = read_config_file(path)?;
+    for (k, v) in settings {
+        config.insert(k.clone(), serde_json::Value::String(v.clone()));
+    }
+    // JSON is YAML to etcd's reader.
+    let text = serde_json::to_string_pretty(&config).expect("a JSON map serializes");
+    std::fs::write(copy, text).map_err(|e| ArgsError::ConfigFile {
+        path: copy.to_owned(),
+        reason: format!("cannot write the warden's copy with {settings:?}: {e}"),
+    })?;
+    Ok(with_flag(args, "config-file", &copy.display().to_string()))
+}
+
+fn cwd() -> PathBuf {
+    std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"))
 }
 
 fn parse_bool(v: &str) -> Option<bool> {
@@ -309,11 +402,93 @@ mod tests {
     #[test]
     fn a_word_no_release_knows_is_refused_unless_it_carries_its_value() {
         let err = EtcdArgs::parse(&["--unsafe-no-fsnyc", "--data-dir", "/x"], &env(&[])).unwrap_err();
-        assert!(matches!(&err, ArgsError::UnknownFlag { flag, .. } if flag == "unsafe-no-fsnyc"), "{err}");
-        assert!(err.to_string().contains("--unsafe-no-fsnyc is not a flag of etcd 3.4, 3.5, 3.6, 3.7"), "{err}");
+        assert!(
+            matches!(&err, ArgsError::UnknownFlag { flag, .. } if flag == "unsafe-no-fsnyc"),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .contains("--unsafe-no-fsnyc is not a flag of etcd 3.4, 3.5, 3.6, 3.7"),
+            "{err}"
+        );
         assert!(err.to_string().contains("--unsafe-no-fsnyc=VALUE"), "{err}");
         let a = EtcdArgs::parse(&["--some-future-flag=3", "--data-dir", "/x"], &env(&[])).unwrap();
         assert_eq!(a.data_dir, PathBuf::from("/x"));
+    }
+
+    #[test]
+    fn a_config_file_is_read_as_etcd_reads_it_and_everything_else_is_ignored() {
+        let t = tempfile::tempdir().unwrap();
+        let file = t.path().join("etcd.yaml");
+        std::fs::write(
+            &file,
+            "name: m2\ndata-dir: /var/lib/etcd\nwal-dir: /wal\nlisten-client-urls: https://10.0.0.2:2379,http://127.0.0.1:2379\n\
+             initial-cluster: m1=https://10.0.0.1:2380,m2=https://10.0.0.2:2380\ninitial-cluster-state: existing\n\
+             client-transport-security:\n  cert-file: /tls/server.crt\n  key-file: /tls/server.key\n  trusted-ca-file: /tls/ca.crt\n  client-cert-auth: true\n",
+        )
+        .unwrap();
+        let path = file.display().to_string();
+        // As a flag (anywhere), or as ETCD_CONFIG_FILE: flags and ETCD_* settings are ignored.
+        for (args, e) in [
+            (
+                vec!["--data-dir", "/ignored", "--config-file", path.as_str()],
+                env(&[("ETCD_NAME", "ignored")]),
+            ),
+            (
+                vec!["--name", "ignored"],
+                env(&[("ETCD_CONFIG_FILE", path.as_str()), ("ETCD_DATA_DIR", "/ignored")]),
+            ),
+        ] {
+            let a = EtcdArgs::parse(&args, &e).unwrap();
+            assert_eq!(a.name, "m2");
+            assert_eq!(a.data_dir, PathBuf::from("/var/lib/etcd"));
+            assert_eq!(a.wal_dir, Some(PathBuf::from("/wal")));
+            assert_eq!(
+                a.client_endpoints(),
+                ["https://10.0.0.2:2379", "http://127.0.0.1:2379"]
+            );
+            assert_eq!(a.cert_file, Some(PathBuf::from("/tls/server.crt")));
+            assert_eq!(a.trusted_ca_file, Some(PathBuf::from("/tls/ca.crt")));
+            assert!(a.client_cert_auth);
+            assert_eq!(a.initial_cluster_state.as_deref(), Some("existing"));
+            assert_eq!(a.config_file, Some(file.clone()));
+        }
+        // JSON is YAML too; etcd's defaults hold for what the file leaves out.
+        std::fs::write(&file, r#"{"name": "j"}"#).unwrap();
+        let a = EtcdArgs::parse(&["--config-file", path.as_str()], &env(&[])).unwrap();
+        assert_eq!(
+            (a.name.as_str(), a.data_dir.as_path()),
+            ("j", Path::new("j.etcd"))
+        );
+        assert_eq!(a.client_endpoints(), ["http://localhost:2379"]);
+        std::fs::write(&file, "- a\n- b\n").unwrap();
+        let err = EtcdArgs::parse(&["--config-file", path.as_str()], &env(&[])).unwrap_err();
+        assert!(err.to_string().contains("not a mapping"), "{err}");
+
+        // Settings the warden changes go into a copy the command line then names.
+        std::fs::write(&file, "name: m2\ninitial-cluster-state: new\n").unwrap();
+        let copy = t.path().join("copy.yaml");
+        let args: Vec<std::ffi::OsString> = vec!["--config-file".into(), path.clone().into()];
+        let out = with_settings(
+            &args,
+            Some(&file),
+            &copy,
+            &[("initial-cluster-state".into(), "existing".into())],
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            vec![std::ffi::OsString::from(format!(
+                "--config-file={}",
+                copy.display()
+            ))]
+        );
+        let out: Vec<String> = out.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        let a = EtcdArgs::parse(&out, &env(&[])).unwrap();
+        assert_eq!(
+            (a.name.as_str(), a.initial_cluster_state.as_deref()),
+            ("m2", Some("existing"))
+        );
     }
 
     #[test]
@@ -367,8 +542,9 @@ mod tests {
         assert!(err.to_string().contains("flag --listen-client-urls"), "{err}");
         let err = EtcdArgs::parse(&["--client-cert-auth=yes"], &env(&[])).unwrap_err();
         assert!(err.to_string().contains("not a boolean"), "{err}");
-        let err = EtcdArgs::parse(&["--config-file", "/etc/etcd.yml"], &env(&[])).unwrap_err();
+        let err = EtcdArgs::parse(&["--config-file", "/nonexistent/etcd.yml"], &env(&[])).unwrap_err();
         assert!(matches!(err, ArgsError::ConfigFile { .. }));
+        assert!(err.to_string().contains("/nonexistent/etcd.yml"), "{err}");
     }
 
     #[test]

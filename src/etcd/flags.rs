@@ -31,7 +31,11 @@ static TABLE: LazyLock<HashMap<&'static str, Flag>> = LazyLock::new(|| parse(inc
 
 fn parse(text: &'static str) -> HashMap<&'static str, Flag> {
     let mut out = HashMap::new();
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+    for line in text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
         let mut cols = line.split('\t');
         let (Some(name), Some(kind), Some(releases)) = (cols.next(), cols.next(), cols.next()) else {
             panic!("src/etcd/flags.tsv: malformed line {line:?}");
@@ -55,7 +59,11 @@ pub fn lookup(name: &str) -> Option<&'static Flag> {
 /// The supported releases, oldest first, as the table names them.
 pub fn releases() -> Vec<&'static str> {
     let mut all: Vec<&'static str> = TABLE.values().flat_map(|f| f.releases.iter().copied()).collect();
-    all.sort_by_key(|r| r.split('.').map(|n| n.parse::<u32>().unwrap_or(0)).collect::<Vec<_>>());
+    all.sort_by_key(|r| {
+        r.split('.')
+            .map(|n| n.parse::<u32>().unwrap_or(0))
+            .collect::<Vec<_>>()
+    });
     all.dedup();
     all
 }

@@ -4,11 +4,14 @@
 
 pub mod args;
 pub mod client;
+pub mod dirs;
 pub mod flags;
 pub mod health;
+pub mod ports;
 pub mod private;
 pub mod version;
 
 pub use args::EtcdArgs;
 pub use client::{ClientConfig, TlsOverrides};
+pub use dirs::MemberDirs;
 pub use health::Health;

@@ -46,11 +46,12 @@ impl PrivateEtcd {
         reaper: &Reaper,
         etcd: &Path,
         data: &Path,
+        wal: Option<&Path>,
         name: &str,
         log_path: &Path,
         scratch: bool,
     ) -> Result<Self, String> {
-        let mut me = Self::spawn(reaper, etcd, data, name, log_path, scratch).await?;
+        let mut me = Self::spawn(reaper, etcd, data, wal, name, log_path, scratch).await?;
         me.wait_up().await?;
         Ok(me)
     }
@@ -62,6 +63,7 @@ impl PrivateEtcd {
         reaper: &Reaper,
         etcd: &Path,
         data: &Path,
+        wal: Option<&Path>,
         name: &str,
         log_path: &Path,
         scratch: bool,
@@ -109,6 +111,9 @@ impl PrivateEtcd {
             .arg((64u32 << 20).to_string())
             .stdout(std::process::Stdio::null())
             .stderr(log);
+        if let Some(wal) = wal {
+            cmd.arg("--wal-dir").arg(wal);
+        }
         if scratch && !version.contains("etcd Version: 3.4") {
             // 3.5+: skip fsync while replaying; the warden syncs the files once before the swap.
             cmd.arg("--unsafe-no-fsync");

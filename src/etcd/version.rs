@@ -86,6 +86,54 @@ const KNOWN: &[Entry] = &[
         issue: "etcd-io/etcd#20967",
         summary: "members removed or added under this release can come back after an upgrade to 3.6; upgrade to 3.5.26 or later before any member remove/add or 3.6 upgrade",
     },
+    Entry {
+        from: Version::new(3, 5, 0),
+        fixed: Version::new(3, 5, 23),
+        issue: "etcd-io/etcd#20650",
+        summary: "a member that receives a raft snapshot while it defragments can corrupt its db (data loss); upgrade to 3.5.23 or later",
+    },
+    Entry {
+        from: Version::new(3, 6, 0),
+        fixed: Version::new(3, 6, 5),
+        issue: "etcd-io/etcd#20650",
+        summary: "a member that receives a raft snapshot while it defragments can corrupt its db (data loss); upgrade to 3.6.5 or later",
+    },
+    Entry {
+        from: Version::new(3, 5, 0),
+        fixed: Version::new(3, 5, 28),
+        issue: "etcd-io/etcd#21417",
+        summary: "a member paused (a stopped VM, a long GC) can serve stale linearizable reads after it resumes; upgrade to 3.5.28 or later",
+    },
+    Entry {
+        from: Version::new(3, 6, 0),
+        fixed: Version::new(3, 6, 9),
+        issue: "etcd-io/etcd#21417",
+        summary: "stale linearizable reads after a process pause or a leader change racing ReadIndex (etcd-io/etcd#21378); upgrade to 3.6.9 or later",
+    },
+    Entry {
+        from: Version::new(3, 6, 0),
+        fixed: Version::new(3, 6, 11),
+        issue: "etcd-io/etcd#21667",
+        summary: "adding a member fails while another member is down, even with quorum: a member that rejoins through its peers waits until every other member is up; upgrade to 3.6.11 or later",
+    },
+    Entry {
+        from: Version::new(3, 5, 0),
+        fixed: Version::new(3, 5, 31),
+        issue: "etcd-io/etcd#21694",
+        summary: "a peer-URL update (MemberUpdate) of a learner promotes it to a voter; the warden never updates a learner, and neither should you before 3.5.31",
+    },
+    Entry {
+        from: Version::new(3, 6, 0),
+        fixed: Version::new(3, 6, 12),
+        issue: "etcd-io/etcd#21694",
+        summary: "a peer-URL update (MemberUpdate) of a learner promotes it to a voter; the warden never updates a learner, and neither should you before 3.6.12",
+    },
+    Entry {
+        from: Version::new(3, 6, 0),
+        fixed: Version::new(3, 7, 0),
+        issue: "etcd-io/etcd#21432",
+        summary: "a transaction that reads a range at an explicit revision can make members disagree (not fixed in 3.6); avoid such transactions or run 3.7",
+    },
 ];
 
 /// The known issues of release `v`, most severe first.
@@ -150,18 +198,38 @@ mod tests {
     fn known_issues_by_release() {
         let ids = |v| known_issues(v).into_iter().map(|i| i.issue).collect::<Vec<_>>();
         assert_eq!(
-            ids(Version::new(3, 5, 1)),
+            ids(Version::new(3, 5, 1))[..3],
             ["etcd-io/etcd#13766", "etcd-io/etcd#19557", "etcd-io/etcd#20967"]
         );
         assert_eq!(
             ids(Version::new(3, 5, 16)),
-            ["etcd-io/etcd#19557", "etcd-io/etcd#20967"]
+            [
+                "etcd-io/etcd#19557",
+                "etcd-io/etcd#20967",
+                "etcd-io/etcd#20650",
+                "etcd-io/etcd#21417",
+                "etcd-io/etcd#21694"
+            ]
         );
-        assert_eq!(ids(Version::new(3, 5, 25)), ["etcd-io/etcd#20967"]);
-        assert!(ids(Version::new(3, 5, 26)).is_empty());
-        assert!(ids(Version::new(3, 5, 30)).is_empty());
+        assert_eq!(
+            ids(Version::new(3, 5, 25)),
+            ["etcd-io/etcd#20967", "etcd-io/etcd#21417", "etcd-io/etcd#21694"]
+        );
+        assert_eq!(ids(Version::new(3, 5, 30)), ["etcd-io/etcd#21694"]);
+        assert!(ids(Version::new(3, 5, 31)).is_empty());
         assert!(ids(Version::new(3, 4, 23)).is_empty());
-        assert!(ids(Version::new(3, 6, 0)).is_empty());
+        assert_eq!(
+            ids(Version::new(3, 6, 0)),
+            [
+                "etcd-io/etcd#20650",
+                "etcd-io/etcd#21417",
+                "etcd-io/etcd#21667",
+                "etcd-io/etcd#21694",
+                "etcd-io/etcd#21432"
+            ]
+        );
+        assert_eq!(ids(Version::new(3, 6, 16)), ["etcd-io/etcd#21432"]);
+        assert!(ids(Version::new(3, 7, 3)).is_empty());
         assert_eq!(known_issues(Version::new(3, 5, 2))[0].fixed_in, "3.5.3");
     }
 }

@@ -137,6 +137,7 @@ async fn attempt(
                 reaper,
                 &cfg.launch.program,
                 &data,
+                cfg.etcd.wal_path().as_deref(),
                 &cfg.etcd.name,
                 &crate::restore::startup::beside(&data, ".final-snapshot.log"),
                 false,

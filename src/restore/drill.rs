@@ -167,7 +167,8 @@ pub async fn open_with_etcd(
     compact_to: Option<i64>,
 ) -> Result<u32, String> {
     let log = data.with_file_name("check-etcd.log");
-    let private = crate::etcd::private::PrivateEtcd::start(reaper, etcd, data, name, &log, true).await?;
+    let private =
+        crate::etcd::private::PrivateEtcd::start(reaper, etcd, data, None, name, &log, true).await?;
     let result = async {
         let mut client = private.client().await?;
         let got = crate::etcd::private::restored_revision(&mut client).await?;

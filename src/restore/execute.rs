@@ -29,6 +29,9 @@ pub use crate::telemetry::Progress;
 pub struct RestoreOptions {
     pub progress: Progress,
     pub data_dir: PathBuf,
+    /// etcd's `--wal-dir`, when the WAL lives elsewhere: the restored WAL goes there (which must
+    /// be missing or empty), the db into the data dir.
+    pub wal_dir: Option<PathBuf>,
     /// The etcd binary: runs the private etcd, and etcdutl/etcdctl are looked up beside it.
     pub etcd: PathBuf,
     /// etcdutl or etcdctl, when not beside etcd.
@@ -107,6 +110,7 @@ impl RestoreOptions {
         Self {
             progress: Progress::default(),
             data_dir,
+            wal_dir: None,
             etcd,
             tool: None,
             name: "verify".into(),
@@ -264,6 +268,9 @@ pub async fn restore(
             continue;
         };
         let built = work.join("data");
+        if let Some(wal) = &opts.wal_dir {
+            place_wal(&built, &opts.data_dir, wal).map_err(RestoreError::Local)?;
+        }
         if opts.data_dir.exists() {
             std::fs::remove_dir(&opts.data_dir).map_err(io("remove the empty target dir", &opts.data_dir))?;
         }
@@ -298,6 +305,56 @@ pub async fn restore(
             .collect::<Vec<_>>()
             .join("; "),
     ))
+}
+
+/// Moves the restored WAL (`<built>/member/wal`, where etcdutl writes it) to where etcd's
+/// `--wal-dir` will look for it: into the wal dir when it is outside the data dir (renamed, or
+/// copied and synced when it is on another filesystem), else to its place inside the data dir.
+fn place_wal(built: &Path, data_dir: &Path, wal: &Path) -> Result<(), String> {
+    fn failed<'a>(what: &'a str, path: &'a Path) -> impl FnOnce(std::io::Error) -> String + 'a {
+        move |e| format!("{what} {}: {e}", path.display())
+    }
+    let from = built.join("member").join("wal");
+    if let Ok(inside) = wal.strip_prefix(data_dir) {
+        let to = built.join(inside);
+        if to != from {
+            if let Some(parent) = to.parent() {
+                std::fs::create_dir_all(parent).map_err(failed("create", parent))?;
+            }
+            std::fs::rename(&from, &to).map_err(failed("move the restored WAL to", &to))?;
+        }
+        return Ok(());
+    }
+    if wal.exists() && !is_empty_dir(wal) {
+        return Err(format!(
+            "the wal dir {} holds a WAL: a restore never mixes a new db with an old WAL (move it aside first)",
+            wal.display()
+        ));
+    }
+    if wal.exists() {
+        std::fs::remove_dir(wal).map_err(failed("remove the empty wal dir", wal))?;
+    }
+    if let Some(parent) = wal.parent() {
+        std::fs::create_dir_all(parent).map_err(failed("create the parent of", wal))?;
+    }
+    if std::fs::rename(&from, wal).is_err() {
+        // Another filesystem: copy beside the target, sync, then rename into place.
+        let partial = crate::etcd::dirs::beside(wal, ".restoring");
+        let _ = std::fs::remove_dir_all(&partial);
+        std::fs::create_dir_all(&partial).map_err(failed("create", &partial))?;
+        for entry in std::fs::read_dir(&from).map_err(failed("read", &from))? {
+            let entry = entry.map_err(failed("read", &from))?;
+            let to = partial.join(entry.file_name());
+            std::fs::copy(entry.path(), &to).map_err(failed("copy the restored WAL to", &to))?;
+        }
+        sync_tree(&partial);
+        std::fs::rename(&partial, wal).map_err(failed("move the restored WAL to", wal))?;
+        let _ = std::fs::remove_dir_all(&from);
+    }
+    if let Some(parent) = wal.parent() {
+        sync_path(parent);
+    }
+    Ok(())
 }
 
 /// The tool that restores a snapshot file: etcdutl beside etcd (3.5+), else etcdctl (3.4).
@@ -538,6 +595,7 @@ async fn deltas(
         reaper,
         &opts.etcd,
         data,
+        None,
         &opts.name,
         &work.join("private-etcd.log"),
         true,

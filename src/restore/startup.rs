@@ -13,7 +13,7 @@
 //!   A store that cannot be listed while the data dir is missing is retried rather than starting an
 //!   empty etcd that would look like data loss; with data present, etcd starts and backups report.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -97,20 +97,13 @@ async fn newest_backup(store: &Store) -> Result<Option<i64>, String> {
     Ok(cands.first().map(|c| c.target_revision))
 }
 
-/// `<data-dir><suffix>`, in the data dir's parent.
-pub fn beside(data: &Path, suffix: &str) -> PathBuf {
-    let mut p = data.as_os_str().to_owned();
-    p.push(suffix);
-    PathBuf::from(p)
-}
+pub use crate::etcd::dirs::beside;
 
-fn aside(data: &Path, why: &str) -> PathBuf {
-    beside(
-        data,
-        &format!(
-            ".{why}-{}",
-            crate::store::layout::format_time(crate::store::layout::now_ms())
-        ),
+/// `.<why>-<time>`: what a moved-aside dir's name gets.
+fn aside(why: &str) -> String {
+    format!(
+        ".{why}-{}",
+        crate::store::layout::format_time(crate::store::layout::now_ms())
     )
 }
 
@@ -121,8 +114,8 @@ pub async fn prepare(
     status: &watch::Sender<Option<String>>,
     member: &watch::Sender<Option<String>>,
 ) -> Result<Decision, String> {
-    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-    let data = cwd.join(&cfg.etcd.data_dir);
+    let dirs = crate::etcd::MemberDirs::of(&cfg.etcd);
+    let data = dirs.data.clone();
     let members = cfg
         .etcd
         .initial_cluster
@@ -152,7 +145,7 @@ pub async fn prepare(
         set(status, "asking the other members");
         return crate::cluster::startup::prepare(cfg, reaper, member).await;
     }
-    let empty = is_empty_dir(&data);
+    let empty = dirs.is_empty();
 
     set(status, "listing backups");
     let mut delay = Duration::from_secs(1);
@@ -192,8 +185,16 @@ pub async fn prepare(
         // has no /tmp).
         let log = beside(&data, ".validate.log");
         let check = async {
-            let private =
-                PrivateEtcd::start(reaper, &cfg.launch.program, &data, &cfg.etcd.name, &log, false).await?;
+            let private = PrivateEtcd::start(
+                reaper,
+                &cfg.launch.program,
+                &data,
+                dirs.wal.as_deref(),
+                &cfg.etcd.name,
+                &log,
+                false,
+            )
+            .await?;
             let rev = async {
                 let mut c = private.client().await?;
                 crate::etcd::private::revision(&mut c, true)
@@ -232,11 +233,10 @@ pub async fn prepare(
                 "broken"
             }
         };
-        let to = aside(&data, why);
-        std::fs::rename(&data, &to)
-            .map_err(|e| format!("move {} aside to {}: {e}", data.display(), to.display()))?;
+        let suffix = aside(why);
+        let to = dirs.move_aside(&suffix)?;
         tracing::warn!(from = %data.display(), to = %to.display(), "data dir moved aside (kept, not deleted)");
-        moved = Some(to);
+        moved = Some((to, suffix));
     }
 
     set(status, "restoring from the store");
@@ -250,6 +250,7 @@ pub async fn prepare(
             })
         },
         data_dir: data.clone(),
+        wal_dir: dirs.wal.clone(),
         etcd: cfg.launch.program.clone(),
         tool: None,
         name: cfg.etcd.name.clone(),
@@ -264,10 +265,10 @@ pub async fn prepare(
             // The newest backups could not be used and what could is older than the local data:
             // the local data stays (rule 3), and the restore is kept aside for inspection.
             let local = floor.unwrap_or_default();
-            let from = moved.as_ref().expect("a floor comes with a moved-aside dir");
-            let older = aside(&data, "older-restore");
-            std::fs::rename(&data, &older)
-                .and_then(|()| std::fs::rename(from, &data))
+            let (from, suffix) = moved.as_ref().expect("a floor comes with a moved-aside dir");
+            let older_suffix = aside("older-restore");
+            let older = beside(&data, &older_suffix);
+            dirs.put_back(suffix, &older_suffix)
                 .map_err(|e| format!("put the local data dir back from {}: {e}", from.display()))?;
             tracing::error!(
                 local,
@@ -295,22 +296,28 @@ pub async fn prepare(
                     .iter()
                     .map(|(k, why)| format!("{k}: {why}"))
                     .collect(),
-                moved_aside: moved,
+                moved_aside: moved.map(|(to, _)| to),
                 seconds: report.seconds,
             })
         }
         Err(e) => {
             let msg = crate::telemetry::error_chain(&e);
             // Put a moved-aside dir back: without a replacement it stays the best data we have.
-            if let Some(from) = &moved
+            if let Some((_, suffix)) = &moved
                 && is_empty_dir(&data)
             {
-                let _ = std::fs::remove_dir(&data);
-                if std::fs::rename(from, &data).is_ok() {
-                    tracing::error!(error = %msg, "restore failed; the original data dir is back in place");
-                    return Err(format!(
-                        "restore failed ({msg}); the original data dir was put back"
-                    ));
+                match dirs.put_back(suffix, &aside("failed-restore")) {
+                    Ok(()) => {
+                        tracing::error!(error = %msg, "restore failed; the original data dir is back in place");
+                        return Err(format!(
+                            "restore failed ({msg}); the original data dir was put back"
+                        ));
+                    }
+                    Err(e) => {
+                        return Err(format!(
+                            "restore failed ({msg}), and putting the data dir back failed: {e}"
+                        ));
+                    }
                 }
             }
             Err(format!("restore failed: {msg}"))

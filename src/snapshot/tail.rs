@@ -58,6 +58,7 @@ pub async fn upload_tail(
         reaper,
         &cfg.launch.program,
         &data,
+        cfg.etcd.wal_path().as_deref(),
         &cfg.etcd.name,
         &crate::restore::startup::beside(&data, ".tail.log"),
         false,

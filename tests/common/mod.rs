@@ -41,6 +41,21 @@ fn etcd_from(var: &str, cached: &str, what: &str, step: &str) -> PathBuf {
     p
 }
 
+/// The etcd of most tests: 3.6.16, what current distributions run (`$ETCD36_BIN`).
+pub fn default_etcd() -> PathBuf {
+    etcd36()
+}
+
+/// etcd 3.6.16 built from etcd's Go modules (builders/etcd), or `$ETCD36_BIN`.
+pub fn etcd36() -> PathBuf {
+    etcd_from("ETCD36_BIN", "module-3.6.16/etcd", "etcd 3.6.16", "need_etcd36")
+}
+
+/// etcd 3.7.3 built from etcd's Go modules (builders/etcd), or `$ETCD37_BIN`.
+pub fn etcd37() -> PathBuf {
+    etcd_from("ETCD37_BIN", "module-3.7.3/etcd", "etcd 3.7.3", "need_etcd37")
+}
+
 /// etcd 3.4.23 (Debian 12's package), or `$ETCD34_BIN`.
 pub fn etcd34() -> PathBuf {
     etcd_from(
@@ -51,7 +66,7 @@ pub fn etcd34() -> PathBuf {
     )
 }
 
-/// etcd 3.5.16 (Debian trixie's package): the default 3.5 of the tests, or `$ETCD35_BIN`.
+/// etcd 3.5.16 (Debian trixie's package), or `$ETCD35_BIN`.
 pub fn etcd35() -> PathBuf {
     etcd_from(
         "ETCD35_BIN",
@@ -86,6 +101,18 @@ pub fn etcdctl_for(etcd: &Path) -> PathBuf {
     let p = etcd.with_file_name("etcdctl");
     assert!(p.exists(), "etcdctl not found beside {}", etcd.display());
     p
+}
+
+/// A stand-in for etcd: an executable shell script with `body`, run with no arguments (the warden
+/// reads an etcd command line, and `sh -c ...` is not one: `-c` is no etcd flag). The file lives
+/// in a directory kept until the machine's temp dir is cleaned.
+pub fn script_program(body: &str) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir").keep();
+    let path = dir.join("fake-etcd.sh");
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("write the script");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod the script");
+    vec![path.display().to_string()]
 }
 
 static NEXT: AtomicU32 = AtomicU32::new(0);

@@ -1,0 +1,331 @@
+//! The etcd command line read exactly as etcd reads it, with real etcd: boolean flags that stand
+//! before a value flag, etcd's `--config-file`, `--wal-dir` on restarts and restores (single member
+//! and cluster), and the refusal of what cannot be read or of another process on etcd's ports.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::cluster::*;
+use common::*;
+use nix::sys::signal::Signal;
+
+const UP: Duration = Duration::from_secs(60);
+
+/// `endpoint status`'s member id of the etcd on `ip`.
+fn member_id(ctl: &Path, ip: &str) -> u64 {
+    let out = etcdctl(ctl, ip, &["endpoint", "status", "-w", "json"]).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v[0]["Status"]["header"]["member_id"].as_u64().unwrap()
+}
+
+/// Siblings of `dir` that the warden moved aside (`<dir>.broken-…`, `<dir>.behind-…`, ...).
+fn moved_aside(dir: &Path) -> Vec<String> {
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    std::fs::read_dir(dir.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            n.starts_with(&format!("{name}."))
+                && (n.contains(".broken-") || n.contains(".behind-") || n.contains(".before-"))
+        })
+        .collect()
+}
+
+/// A graceful stop: etcd's own status (Go re-raises SIGTERM after its clean shutdown).
+fn stopped(w: &mut Warden) {
+    w.signal(Signal::SIGTERM);
+    let code = w.wait_exit(UP);
+    assert!(code == 0 || code == 143, "exit {code}: {}", w.log_text());
+}
+
+fn wal_segments(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".wal"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn booleans_before_values(etcd: &Path) {
+    let ctl = etcdctl_for(etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cwd = dir.path().join("cwd");
+    std::fs::create_dir(&cwd).unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    // Each boolean stands right before a flag whose value it would swallow if it were read as
+    // taking one: the data dir above all.
+    let argv: Vec<String> = [
+        etcd.display().to_string().as_str(),
+        "--unsafe-no-fsync",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--socket-reuse-address",
+        "--name",
+        "m1",
+        "--enable-pprof",
+        "--listen-client-urls",
+        &format!("http://{ip}:2379"),
+        "--socket-reuse-port",
+        "--advertise-client-urls",
+        &format!("http://{ip}:2379"),
+        "--peer-skip-client-san-verification",
+        "--listen-peer-urls",
+        &format!("http://{ip}:2380"),
+        "--initial-advertise-peer-urls",
+        &format!("http://{ip}:2380"),
+        "--initial-cluster",
+        &format!("m1=http://{ip}:2380"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut b = Warden::builder(
+        &ip,
+        &["--store", &store, "--delta-snapshot-period", "200ms"],
+        &argv,
+    );
+    b.cmd.current_dir(&cwd);
+    let mut w = b.spawn();
+    w.wait_ready(UP);
+    etcdctl(&ctl, &ip, &["put", "k", "v"]).unwrap();
+    let members = etcdctl(&ctl, &ip, &["member", "list"]).unwrap();
+    assert!(members.contains(", m1, "), "etcd runs as m1: {members}");
+    wait_for("a full snapshot of the data dir", UP, || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    assert!(
+        data.join("member/snap/db").exists(),
+        "etcd's data is in --data-dir"
+    );
+    let stray: Vec<_> = std::fs::read_dir(&cwd)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "nothing in the working directory (a misread data dir): {stray:?}"
+    );
+    stopped(&mut w);
+}
+
+#[test]
+fn booleans_before_value_flags_never_move_the_data_dir() {
+    booleans_before_values(&default_etcd());
+}
+
+#[test]
+fn etcd_3_7_booleans_before_value_flags_never_move_the_data_dir() {
+    booleans_before_values(&etcd37());
+}
+
+#[test]
+fn a_word_no_release_knows_is_refused_with_64_before_anything_is_touched() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let out = std::process::Command::new(WARDEN)
+        .current_dir(dir.path())
+        .args(["run", "--listen", &format!("{}:2378", unique_ip()), "--"])
+        .arg(default_etcd())
+        .args(["--unsafe-no-fsnyc", "--data-dir", data.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(
+        err.contains("--unsafe-no-fsnyc"),
+        "the message names the word: {err}"
+    );
+    assert!(err.contains("--unsafe-no-fsnyc=VALUE"), "and the fix: {err}");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "nothing created: {left:?}");
+}
+
+/// etcd's `--config-file` with a `wal-dir`: the warden reads the member from the file (and ignores
+/// the ETCD_* variables etcd ignores then), a restart keeps the member as it was (same id, nothing
+/// moved aside), and a member whose data dir and wal dir are both lost is restored into both.
+#[test]
+fn a_config_file_with_a_wal_dir_restarts_in_place_and_restores_into_both_dirs() {
+    let etcd = default_etcd();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let wal = dir.path().join("disk2").join("wal");
+    let config = dir.path().join("etcd.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "name: m1\ndata-dir: {}\nwal-dir: {}\nlisten-client-urls: http://{ip}:2379\nadvertise-client-urls: http://{ip}:2379\n\
+             listen-peer-urls: http://{ip}:2380\ninitial-advertise-peer-urls: http://{ip}:2380\ninitial-cluster: m1=http://{ip}:2380\n",
+            data.display(),
+            wal.display()
+        ),
+    )
+    .unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let argv = vec![
+        etcd.display().to_string(),
+        "--config-file".into(),
+        config.display().to_string(),
+    ];
+    let start = || {
+        let w = Warden::builder(
+            &ip,
+            &["--store", &store, "--delta-snapshot-period", "200ms"],
+            &argv,
+        )
+        .env("ETCD_DATA_DIR", "/nonexistent/ignored-by-etcd")
+        .spawn();
+        w.wait_ready(UP);
+        w
+    };
+
+    let mut w = start();
+    for i in 0..20 {
+        etcdctl(&ctl, &ip, &["put", &format!("k{i}"), &format!("v{i}")]).unwrap();
+    }
+    let acked = etcd_revision(&ctl, &ip);
+    let id = member_id(&ctl, &ip);
+    assert!(wal_segments(&wal) > 0, "etcd writes its WAL into wal-dir");
+    assert!(!data.join("member/wal").exists(), "and not into the data dir");
+    wait_for("the writes in the store", UP, || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(acked)).then_some(())
+    });
+    stopped(&mut w);
+
+    // A plain restart: the same member on the same data, nothing moved aside.
+    let mut w = start();
+    assert_eq!(member_id(&ctl, &ip), id, "the same member after a restart");
+    assert_eq!(
+        etcdctl(&ctl, &ip, &["get", "k19", "--print-value-only"])
+            .unwrap()
+            .trim(),
+        "v19"
+    );
+    assert!(
+        moved_aside(&data).is_empty() && moved_aside(&wal).is_empty(),
+        "nothing moved aside: {:?} {:?}",
+        moved_aside(&data),
+        moved_aside(&wal)
+    );
+    stopped(&mut w);
+
+    // Both dirs lost: restored into both (the WAL into wal-dir), every acknowledged write back.
+    std::fs::remove_dir_all(&data).unwrap();
+    std::fs::remove_dir_all(&wal).unwrap();
+    let mut w = start();
+    assert!(wal_segments(&wal) > 0, "the restored WAL is in wal-dir");
+    assert!(!data.join("member/wal").exists(), "not in the data dir");
+    for i in 0..20 {
+        assert_eq!(
+            etcdctl(&ctl, &ip, &["get", &format!("k{i}"), "--print-value-only"])
+                .unwrap()
+                .trim(),
+            format!("v{i}")
+        );
+    }
+    assert!(
+        etcd_revision(&ctl, &ip) > acked,
+        "the restore bumps past what clients saw"
+    );
+    stopped(&mut w);
+}
+
+/// Three members with `--wal-dir`: stopped and started again, each comes back as itself (same
+/// member ids, nothing moved aside, no member removed and re-added).
+#[test]
+fn a_cluster_with_wal_dirs_restarts_as_the_same_members() {
+    let etcd = default_etcd();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let data = |i: usize| dir.path().join(format!("m{i}"));
+    let wal = |i: usize| dir.path().join(format!("wal{i}"));
+    let start = |i: usize| {
+        let mut argv = member_args_token(&etcd, &ips, i, &data(i), "walcluster");
+        argv.extend(["--wal-dir".to_owned(), wal(i).display().to_string()]);
+        Warden::start(
+            &ips[i],
+            &["--store", &store, "--delta-snapshot-period", "200ms"],
+            &argv,
+        )
+    };
+    let mut wardens: Vec<Option<Warden>> = (0..3).map(|i| Some(start(i))).collect();
+    for w in wardens.iter().flatten() {
+        w.wait_ready(START);
+    }
+    etcdctl(&ctl, &ips[0], &["put", "k", "v"]).unwrap();
+    let before = member_ids(&ctl, &ips[0]);
+    stop_all(&mut wardens);
+    let mut wardens: Vec<Option<Warden>> = (0..3).map(|i| Some(start(i))).collect();
+    for w in wardens.iter().flatten() {
+        w.wait_ready(START);
+    }
+    let mut after = member_ids(&ctl, &ips[1]);
+    let mut before = before;
+    before.sort();
+    after.sort();
+    assert_eq!(after, before, "the same three members");
+    assert_eq!(
+        etcdctl(&ctl, &ips[2], &["get", "k", "--print-value-only"])
+            .unwrap()
+            .trim(),
+        "v"
+    );
+    for i in 0..3 {
+        assert!(wal_segments(&wal(i)) > 0);
+        assert!(
+            moved_aside(&data(i)).is_empty() && moved_aside(&wal(i)).is_empty(),
+            "member {i}: nothing moved aside"
+        );
+    }
+    stop_all(&mut wardens);
+}
+
+/// Another etcd already on the addresses: the warden does not start its own, says which address
+/// is taken, and leaves its data dir alone.
+#[test]
+fn another_process_on_etcds_addresses_is_refused_and_nothing_is_touched() {
+    let etcd = default_etcd();
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let other = PlainEtcd::start(&etcd, &ip, &dir.path().join("other"), "m1");
+    let data: PathBuf = dir.path().join("data");
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, &data));
+    let mut w = Warden::start(
+        &ip,
+        &[
+            "--store",
+            &format!("file://{}", dir.path().join("store").display()),
+        ],
+        &argv,
+    );
+    let code = w.wait_exit(UP);
+    let log = w.log_text();
+    assert_eq!(code, 1, "{log}");
+    assert!(log.contains("another process already listens"), "{log}");
+    assert!(
+        log.contains(&format!("--listen-client-urls http://{ip}:2379/")),
+        "names the address: {log}"
+    );
+    assert!(
+        !data.join("member").exists(),
+        "the warden's data dir is untouched"
+    );
+    other.stop();
+}
