@@ -110,7 +110,13 @@ pub fn script_program(body: &str) -> Vec<String> {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir").keep();
     let path = dir.join("fake-etcd.sh");
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("write the script");
+    // The warden asks `--version` before the first start: a stand-in is no etcd and says so at once
+    // (as `sh --version` did), instead of running its body a first time.
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'not etcd' >&2; exit 2; fi\n{body}\n"),
+    )
+    .expect("write the script");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod the script");
     vec![path.display().to_string()]
 }
