@@ -471,6 +471,72 @@ fn corrupt_newest_full_falls_back_to_the_older_chain() {
     assert_eq!(rev, older_end, "the older chain was not restored to its end");
 }
 
+/// A backup written by etcd 3.7 carries its storage and cluster versions: restored for etcd 3.6 it
+/// would be refused by etcd itself (or make it panic), so the restore refuses first and names both
+/// releases; the same backup restores for 3.7, and a 3.6 backup restores for 3.7 (an upgrade).
+#[test]
+fn a_backup_of_a_newer_etcd_is_not_restored_for_an_older_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let ip = unique_ip();
+    let (mut w, store) = warden_with_file_store(&etcd37(), &ip, dir.path(), &[]);
+    let ctl = etcdctl_for(&etcd37());
+    etcdctl(&ctl, &ip, &["put", "k", "from-3.7"]).unwrap();
+    let acked = etcd_revision(&ctl, &ip);
+    wait_for("the put in the store", Duration::from_secs(30), || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(acked)).then_some(())
+    });
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(Duration::from_secs(30));
+
+    let older = dir.path().join("for-3.6");
+    let (code, out) = restore_cli(&store, &older, &etcd36(), &ip, &[]);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        out.contains("written by etcd 3.7") && out.contains("etcd 3.6.16"),
+        "names both releases: {out}"
+    );
+    assert!(
+        !older.exists() || std::fs::read_dir(&older).unwrap().next().is_none(),
+        "nothing left at the target"
+    );
+
+    let same = dir.path().join("for-3.7");
+    let (code, out) = restore_cli(&store, &same, &etcd37(), &ip, &[]);
+    assert_eq!(code, 0, "{out}");
+    let e = PlainEtcd::start(&etcd37(), &ip, &same, "m1");
+    assert_eq!(
+        etcdctl(&ctl, &ip, &["get", "k", "--print-value-only"])
+            .unwrap()
+            .trim(),
+        "from-3.7"
+    );
+    e.stop();
+
+    // Upgrade: a 3.6 backup restored for 3.7.
+    let dir36 = tempfile::tempdir().unwrap();
+    let ip36 = unique_ip();
+    let (mut w, store36) = warden_with_file_store(&etcd36(), &ip36, dir36.path(), &[]);
+    let ctl36 = etcdctl_for(&etcd36());
+    etcdctl(&ctl36, &ip36, &["put", "k", "from-3.6"]).unwrap();
+    let acked = etcd_revision(&ctl36, &ip36);
+    wait_for("the put in the store", Duration::from_secs(30), || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(acked)).then_some(())
+    });
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(Duration::from_secs(30));
+    let newer = dir36.path().join("for-3.7");
+    let (code, out) = restore_cli(&store36, &newer, &etcd37(), &ip36, &[]);
+    assert_eq!(code, 0, "{out}");
+    let e = PlainEtcd::start(&etcd37(), &ip36, &newer, "m1");
+    assert_eq!(
+        etcdctl(&ctl, &ip36, &["get", "k", "--print-value-only"])
+            .unwrap()
+            .trim(),
+        "from-3.6"
+    );
+    e.stop();
+}
+
 #[test]
 fn bad_restore_input_is_refused_and_changes_nothing() {
     let etcd = default_etcd();

@@ -528,6 +528,7 @@ async fn attempt(
     }
 
     let db = data.join("member").join("snap").join("db");
+    check_release(reaper, &opts.etcd, &db, &cand.full.key()).await?;
     let (revision, applied) = deltas(store, opts, reaper, cand, work, &db, fetcher).await?;
     let served = match opts.bump_revision {
         0 => revision,
@@ -540,6 +541,26 @@ async fn attempt(
         served,
         applied,
     })
+}
+
+/// A db written by a newer etcd minor than the one that will run it is refused before any delta
+/// is written: etcd would refuse its `storageVersion` or panic on its cluster version.
+async fn check_release(reaper: &Reaper, etcd: &Path, db: &Path, full: &str) -> Result<(), Failure> {
+    let Ok(Some((major, minor))) = super::mvcc::written_by(db) else {
+        return Ok(());
+    };
+    let Some(ours) = crate::etcd::version::of_binary(reaper, etcd).await else {
+        return Ok(());
+    };
+    if (major, minor) > (ours.major, ours.minor) {
+        return Err(Failure::Local(format!(
+            "{full} was written by etcd {major}.{minor} and etcd {ours} ({}) cannot open it: restore with etcd {major}.{minor} or newer (--etcd), or convert the restored data with `etcdutl migrate --target-version {}.{}` (docs/etcd-versions.md)",
+            etcd.display(),
+            ours.major,
+            ours.minor
+        )));
+    }
+    Ok(())
 }
 
 /// What one attempt built: the backed-up revision it reached, and the one etcd will serve.

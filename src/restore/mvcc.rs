@@ -55,6 +55,34 @@ fn bucket<'a>(root: &'a [LeafItem], name: &[u8]) -> Result<&'a [u8], BoltError> 
         })
 }
 
+/// The newest etcd release that wrote the backend at `path`, as `(major, minor)`: the greater of
+/// `meta.storageVersion` (3.6+, "3.6") and `cluster.clusterVersion` ("3.5.0"; 3.4+). etcd refuses
+/// a storage version newer than itself and panics on a newer cluster version, so a db written by a
+/// newer minor cannot be restored for an older one without `etcdutl migrate`. `None`: neither key.
+pub fn written_by(path: &Path) -> Result<Option<(u32, u32)>, BoltError> {
+    let db = BoltFile::open(path)?;
+    let root = db.root_items()?;
+    let mut newest = None;
+    for (bucket_name, key) in [
+        (META_BUCKET, &b"storageVersion"[..]),
+        (b"cluster", b"clusterVersion"),
+    ] {
+        let Ok(b) = bucket(&root, bucket_name) else {
+            continue;
+        };
+        for (_, k, v) in db.bucket_items(&BucketValue::parse(b)?)? {
+            if k == key {
+                let text = String::from_utf8_lossy(&v);
+                let mut parts = text.trim().split('.').map(|p| p.parse::<u32>());
+                if let (Some(Ok(major)), Some(Ok(minor))) = (parts.next(), parts.next()) {
+                    newest = newest.max(Some((major, minor)));
+                }
+            }
+        }
+    }
+    Ok(newest)
+}
+
 /// The main revision of a `key` bucket key (17 bytes, or 18 for a tombstone).
 fn main_revision(k: &[u8]) -> Result<i64, BoltError> {
     match k.len() {
