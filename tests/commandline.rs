@@ -329,3 +329,89 @@ fn another_process_on_etcds_addresses_is_refused_and_nothing_is_touched() {
     );
     other.stop();
 }
+
+/// Members configured only by `--config-file` (with a wal dir): one loses its data dir and its wal
+/// dir while its peers keep quorum; it rejoins through them as a new member, etcd getting
+/// `initial-cluster-state: existing` through the warden's copy of its config file (etcd ignores
+/// flags next to a config file).
+#[test]
+fn a_member_configured_by_a_config_file_rejoins_through_its_peers() {
+    let etcd = default_etcd();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let cluster = (0..3)
+        .map(|j| format!("m{j}=http://{}:2380", ips[j]))
+        .collect::<Vec<_>>()
+        .join(",");
+    let data = |i: usize| dir.path().join(format!("m{i}"));
+    let wal = |i: usize| dir.path().join(format!("wal{i}"));
+    let start = |i: usize| {
+        let ip = &ips[i];
+        let config = dir.path().join(format!("m{i}.yaml"));
+        std::fs::write(
+            &config,
+            format!(
+                "name: m{i}\ndata-dir: {}\nwal-dir: {}\nlisten-client-urls: http://{ip}:2379\nadvertise-client-urls: http://{ip}:2379\n\
+                 listen-peer-urls: http://{ip}:2380\ninitial-advertise-peer-urls: http://{ip}:2380\ninitial-cluster: {cluster}\n\
+                 initial-cluster-token: cfgcluster\ninitial-cluster-state: new\n",
+                data(i).display(),
+                wal(i).display()
+            ),
+        )
+        .unwrap();
+        let argv = vec![
+            etcd.display().to_string(),
+            "--config-file".into(),
+            config.display().to_string(),
+        ];
+        Warden::start(
+            ip,
+            &["--store", &store, "--delta-snapshot-period", "200ms"],
+            &argv,
+        )
+    };
+    let mut wardens: Vec<Option<Warden>> = (0..3).map(|i| Some(start(i))).collect();
+    for w in wardens.iter().flatten() {
+        w.wait_ready(START);
+    }
+    etcdctl(&ctl, &ips[0], &["put", "k", "v"]).unwrap();
+    let victim = 2;
+    let old = member_ids(&ctl, &ips[0])
+        .into_iter()
+        .find(|(n, _)| n == "m2")
+        .unwrap()
+        .1;
+    let w = wardens[victim].as_ref().unwrap();
+    let pid = w.etcd_pid().unwrap();
+    std::fs::remove_dir_all(data(victim)).unwrap();
+    std::fs::remove_dir_all(wal(victim)).unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    let new = wait_for("m2 back as a started voter with a new id", START, || {
+        let out = etcdctl(&ctl, &ips[0], &["member", "list", "-w", "json"]).ok()?;
+        let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+        v["members"].as_array()?.iter().find_map(|m| {
+            let started = m["name"] == "m2" && m["isLearner"].as_bool() != Some(true);
+            let id = m["ID"].as_u64()?;
+            (started && id != old).then_some(id)
+        })
+    });
+    w.wait_ready(START);
+    assert_ne!(new, old);
+    assert_eq!(member_ids(&ctl, &ips[0]).len(), 3);
+    assert_eq!(
+        etcdctl(&ctl, &ips[victim], &["get", "k", "--print-value-only"])
+            .unwrap()
+            .trim(),
+        "v"
+    );
+    let copy = std::fs::read_to_string(dir.path().join("m2.warden-etcd-config.json"))
+        .expect("the warden's copy of m2's config");
+    assert!(copy.contains("\"initial-cluster-state\": \"existing\""), "{copy}");
+    assert!(
+        wal_segments(&wal(victim)) > 0,
+        "the rejoined member's WAL is in its wal dir"
+    );
+    stop_all(&mut wardens);
+}
