@@ -17,6 +17,9 @@ pub fn evaluate(child: &ChildState, health: &Health, gate: Option<String>) -> Re
         Phase::Running if child.pid.is_some() => {}
         Phase::Idle => return Err("etcd has not been started yet".to_owned()),
         Phase::Running => return Err("etcd is starting".to_owned()),
+        Phase::Backoff if child.held_back.is_some() => {
+            return Err(child.held_back.clone().unwrap_or_default());
+        }
         Phase::Backoff => {
             let last = child.last_exit.map(|s| format!(" ({s})")).unwrap_or_default();
             return Err(format!("etcd exited{last} and is waiting to be restarted"));

@@ -175,7 +175,8 @@ pub async fn run(
         reaper.clone(),
         child_tx,
         shared.supervisor_heartbeat.clone(),
-    );
+    )
+    .checking_addresses(config.etcd.clone());
     let supervisor = tokio::spawn(supervisor.run(request_rx));
 
     let mut terms = Terms {

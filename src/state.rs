@@ -153,6 +153,7 @@ impl Shared {
                 "started_at": child.started_at.map(to_unix),
                 "last_exit": child.last_exit,
                 "backoff_seconds": child.backoff_seconds,
+                "held_back": child.held_back,
                 "healthy": current && health.healthy,
                 "health_reason": health.reason,
                 "revision": health.revision,

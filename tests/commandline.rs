@@ -415,3 +415,56 @@ fn a_member_configured_by_a_config_file_rejoins_through_its_peers() {
     );
     stop_all(&mut wardens);
 }
+
+/// etcd dies and, before the warden restarts it, another etcd takes its addresses: the warden does
+/// not start its own on them (it would fail to bind, and meanwhile the other one would answer its
+/// health checks), readiness stays 503 saying why, and once the address is free again the warden's
+/// own etcd comes back on its own data (the same member).
+#[test]
+fn another_etcd_on_the_address_while_etcd_is_down_holds_the_restart_back() {
+    let etcd = default_etcd();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, &dir.path().join("data")));
+    let mut w = Warden::start(
+        &ip,
+        &["--restart-backoff-min", "3s", "--restart-backoff-max", "3s"],
+        &argv,
+    );
+    w.wait_ready(UP);
+    etcdctl(&ctl, &ip, &["put", "k", "ours"]).unwrap();
+    let id = member_id(&ctl, &ip);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(w.etcd_pid().unwrap()), Signal::SIGKILL).unwrap();
+    let other = PlainEtcd::start(&etcd, &ip, &dir.path().join("other"), "m1");
+    let held = wait_for("the restart held back", UP, || {
+        let st = w.status();
+        st["etcd"]["held_back"].as_str().map(str::to_owned)
+    });
+    assert!(
+        held.contains(&format!("--listen-client-urls http://{ip}:2379/")),
+        "{held}"
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < until {
+        let (code, body) = w.get("/readyz").unwrap();
+        assert_eq!(code, 503, "ready while another etcd holds the address: {body}");
+        assert!(
+            w.etcd_pid().is_none(),
+            "the warden started its etcd on a taken address"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    other.stop();
+    w.wait_ready(UP);
+    assert_eq!(member_id(&ctl, &ip), id, "the warden's own member is back");
+    assert_eq!(
+        etcdctl(&ctl, &ip, &["get", "k", "--print-value-only"])
+            .unwrap()
+            .trim(),
+        "ours"
+    );
+    assert!(w.status()["etcd"]["held_back"].is_null());
+    stopped(&mut w);
+}

@@ -49,6 +49,8 @@ pub struct ChildState {
     pub last_exit: Option<ExitStatus>,
     /// The backoff chosen before the next start, while in `backoff`.
     pub backoff_seconds: Option<f64>,
+    /// Why the last start was not even tried: another process holds etcd's addresses.
+    pub held_back: Option<String>,
 }
 
 impl ChildState {
@@ -61,6 +63,7 @@ impl ChildState {
             started_at: None,
             last_exit: None,
             backoff_seconds: None,
+            held_back: None,
         }
     }
 }
@@ -76,6 +79,8 @@ pub struct Supervisor {
     kill_at: Option<tokio::time::Instant>,
     /// Fence requests waiting for etcd to be gone.
     fenced_waiters: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// etcd's listen addresses, checked free before every start (`src/etcd/ports.rs`).
+    addresses: Option<crate::etcd::EtcdArgs>,
 }
 
 impl Supervisor {
@@ -96,7 +101,17 @@ impl Supervisor {
             restart_at: None,
             kill_at: None,
             fenced_waiters: Vec::new(),
+            addresses: None,
         }
+    }
+
+    /// Before every start (the respawns too), etcd's listen addresses must be free: while another
+    /// process holds one, etcd is not started (it would fail to bind, and until it exited the
+    /// health checks would be answered by that other process), the start counts as failed and is
+    /// retried after the backoff, and `held_back` says why.
+    pub fn checking_addresses(mut self, etcd: crate::etcd::EtcdArgs) -> Self {
+        self.addresses = Some(etcd);
+        self
     }
 
     /// Supervises etcd until a stop request ends it; returns etcd's last exit status. Nothing is
@@ -213,6 +228,22 @@ impl Supervisor {
     }
 
     fn spawn(&mut self) -> Result<(), Event> {
+        let taken = self
+            .addresses
+            .as_ref()
+            .map(crate::etcd::ports::taken)
+            .unwrap_or_default();
+        if !taken.is_empty() {
+            let why = format!(
+                "another process listens on etcd's {}: etcd is not started until it is gone",
+                taken.join(", ")
+            );
+            if self.state.borrow().held_back.as_deref() != Some(why.as_str()) {
+                tracing::error!(addresses = %taken.join(", "), "another process listens on etcd's addresses (another etcd?): the warden runs only its own etcd and holds it back until they are free");
+            }
+            self.state.send_modify(|s| s.held_back = Some(why));
+            return Err(Event::SpawnFailed);
+        }
         let mut cmd = self.launch.command();
         match self.reaper.spawn(&mut cmd) {
             Ok(child) => {
@@ -220,6 +251,7 @@ impl Supervisor {
                 self.state.send_modify(|s| {
                     s.incarnation += 1;
                     s.started_at = Some(SystemTime::now());
+                    s.held_back = None;
                 });
                 self.child = Some(child);
                 Ok(())
