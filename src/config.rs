@@ -606,6 +606,22 @@ impl RunConfig {
         let data_dir_abs = cwd.join(&etcd.data_dir);
         check_data_dir(&data_dir_abs)?;
 
+        let members = etcd
+            .initial_cluster
+            .as_deref()
+            .map(|c| c.split(',').filter(|m| !m.trim().is_empty()).count())
+            .unwrap_or(1);
+        if o.store.is_none() && members > 1 {
+            // The default store is this member's own directory: the members would not see each
+            // other's backups, the head object or a cluster restore plan.
+            return Err(ConfigError::Invalid {
+                option: "store",
+                reason: format!(
+                    "this member is one of {members} (--initial-cluster), and every member of a cluster needs the same store: give each warden the same --store (s3://bucket/prefix, gs://, az://, or a file:// directory every member sees); the default {}.backups is this member's alone",
+                    data_dir_abs.display()
+                ),
+            });
+        }
         let store = match &o.store {
             Some(s) => s.parse()?,
             None => {

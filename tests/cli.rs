@@ -79,6 +79,24 @@ fn bad_input_exits_64_with_one_line_and_touches_nothing() {
             want: "--stop-timeout \"soon\"",
         },
         Case {
+            name: "a cluster member without a shared store",
+            args: with(
+                &[],
+                &[
+                    "--initial-cluster",
+                    "a=http://127.0.0.1:2380,b=http://127.0.0.2:2380",
+                ],
+            ),
+            env: vec![],
+            want: "every member of a cluster needs the same store",
+        },
+        Case {
+            name: "an etcd word no release knows",
+            args: with(&[], &["--unsafe-no-fsnyc", "--name", "x"]),
+            env: vec![],
+            want: "--unsafe-no-fsnyc is not a flag of etcd",
+        },
+        Case {
             name: "unknown store scheme",
             args: with(&["--store", "s4://x"], &[]),
             env: vec![],
