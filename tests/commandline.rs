@@ -468,3 +468,67 @@ fn another_etcd_on_the_address_while_etcd_is_down_holds_the_restart_back() {
     assert!(w.status()["etcd"]["held_back"].is_null());
     stopped(&mut w);
 }
+
+/// The warden's etcd has started (here a stand-in that never listens) and another etcd answers on
+/// its client address: that etcd is not reported healthy or ready, and nothing of it is backed up
+/// as this member's, because its listening socket is not the warden's child's.
+#[test]
+fn an_etcd_the_warden_did_not_start_is_never_reported_ready_nor_backed_up() {
+    let etcd = default_etcd();
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let mut argv = script_program("exec sleep 600");
+    argv.extend(
+        [
+            "--data-dir",
+            &dir.path().join("data").display().to_string(),
+            "--listen-client-urls",
+            &format!("http://{ip}:2379"),
+            "--advertise-client-urls",
+            &format!("http://{ip}:2379"),
+            "--listen-peer-urls",
+            &format!("http://{ip}:2380"),
+        ]
+        .map(str::to_owned),
+    );
+    let mut w = Warden::start(
+        &ip,
+        &[
+            "--store",
+            &format!("file://{}", store.display()),
+            "--delta-snapshot-period",
+            "200ms",
+        ],
+        &argv,
+    );
+    wait_for("the stand-in etcd to run", UP, || w.etcd_pid());
+    let other = PlainEtcd::start(&etcd, &ip, &dir.path().join("other"), "foreign");
+    let verdict = wait_for(
+        "a health verdict on the etcd answering at the address",
+        UP,
+        || {
+            let st = w.status();
+            if st["etcd"]["healthy"] == true {
+                return Some(Err(st));
+            }
+            let reason = st["etcd"]["health_reason"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            reason.contains("another process").then_some(Ok(reason))
+        },
+    );
+    let reason =
+        verdict.unwrap_or_else(|st| panic!("an etcd the warden did not start was reported healthy: {st}"));
+    assert!(reason.contains(&format!("http://{ip}:2379")), "{reason}");
+    let (code, body) = w.get("/readyz").unwrap();
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        !store.join("v1/full").exists() || std::fs::read_dir(store.join("v1/full")).unwrap().next().is_none(),
+        "the other etcd was backed up as this member"
+    );
+    assert_eq!(w.status()["backup"]["fulls_total"].as_u64().unwrap_or(0), 0);
+    other.stop();
+    stopped(&mut w);
+}

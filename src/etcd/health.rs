@@ -99,6 +99,18 @@ pub async fn run(
                     data_dir.display()
                 ));
             }
+            // Once per incarnation, at its first healthy answer: the etcd that answered must be the
+            // one this warden started (another that took the address while this one was down
+            // would be reported ready and backed up as this member). Once the child listens,
+            // nobody else can take the address.
+            if result.is_ok()
+                && let Some(pid) = state.pid
+                && !(health.borrow().healthy && health.borrow().incarnation == state.incarnation)
+                && let Some(endpoint) = config.endpoints.first()
+                && let Err(why) = super::ports::answered_by_child(endpoint, pid)
+            {
+                result = Err(why);
+            }
             if *defragmenting.borrow() {
                 defrag_seen = Some(std::time::Instant::now());
             }

@@ -51,6 +51,98 @@ fn in_use(addr: SocketAddr) -> bool {
     matches!(TcpListener::bind(addr), Err(e) if e.kind() == std::io::ErrorKind::AddrInUse)
 }
 
+/// Whether the etcd answering on `endpoint` (a client URL the warden talks to) is `pid` (the
+/// warden's child) or one of its descendants: the listening socket's inode, from the child's own
+/// view of `/proc/net/tcp{,6}`, among their open files. `Err` names the other listener; `Ok` also
+/// when it cannot be told (no /proc, a unix socket, a listener in another network namespace).
+pub fn answered_by_child(endpoint: &str, pid: u32) -> Result<(), String> {
+    let Some(port) = Url::parse(endpoint)
+        .ok()
+        .filter(|u| matches!(u.scheme(), "http" | "https"))
+        .and_then(|u| u.port_or_known_default())
+    else {
+        return Ok(());
+    };
+    let inodes = listening_inodes(pid, port);
+    if inodes.is_empty() {
+        return Ok(());
+    }
+    let family = descendants(pid);
+    if family.iter().any(|p| holds_any(*p, &inodes)) {
+        return Ok(());
+    }
+    Err(format!(
+        "another process (not the etcd this warden started, pid {pid}) listens on {endpoint}: its answers are not this member's; stop it"
+    ))
+}
+
+/// Inodes of the sockets listening on `port`, as process `pid`'s network namespace lists them.
+fn listening_inodes(pid: u32, port: u16) -> Vec<u64> {
+    let mut out = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            if f.len() < 10 || f[3] != "0A" {
+                continue;
+            }
+            let local_port = f[1]
+                .rsplit_once(':')
+                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+            if local_port == Some(port)
+                && let Ok(inode) = f[9].parse::<u64>()
+                && inode != 0
+            {
+                out.push(inode);
+            }
+        }
+    }
+    out
+}
+
+/// `pid` and every process below it.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            // `pid (comm) state ppid …`: comm may hold spaces and parentheses; the last ')' ends it.
+            if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat"))
+                && let Some((_, rest)) = stat.rsplit_once(')')
+                && let Some(ppid) = rest.split_whitespace().nth(1).and_then(|s| s.parse::<u32>().ok())
+            {
+                parent_of.push((p, ppid));
+            }
+        }
+    }
+    let mut family = vec![pid];
+    let mut i = 0;
+    while i < family.len() {
+        let parent = family[i];
+        family.extend(parent_of.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
+        i += 1;
+    }
+    family
+}
+
+fn holds_any(pid: u32, inodes: &[u64]) -> bool {
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    rd.flatten().any(|e| {
+        std::fs::read_link(e.path()).is_ok_and(|l| {
+            l.to_str()
+                .and_then(|s| s.strip_prefix("socket:[")?.strip_suffix(']')?.parse::<u64>().ok())
+                .is_some_and(|i| inodes.contains(&i))
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,5 +168,23 @@ mod tests {
         );
         drop(held);
         assert!(taken(&etcd).is_empty());
+    }
+
+    #[test]
+    fn a_listener_of_this_process_is_its_own_and_not_another_pids() {
+        let held = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://127.0.0.1:{}", held.local_addr().unwrap().port());
+        let me = std::process::id();
+        assert_eq!(answered_by_child(&url, me), Ok(()));
+        // A child of this process that holds no socket: the listener is someone else's.
+        let mut sleeper = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let err = answered_by_child(&url, sleeper.id()).unwrap_err();
+        assert!(err.contains(&url), "{err}");
+        let _ = sleeper.kill();
+        #[allow(clippy::disallowed_methods, reason = "a test's own child, outside any reaper")]
+        let _ = sleeper.wait();
+        // Nobody listens: nothing to tell.
+        drop(held);
+        assert_eq!(answered_by_child(&url, me), Ok(()));
     }
 }
