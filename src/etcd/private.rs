@@ -68,6 +68,14 @@ impl PrivateEtcd {
         log_path: &Path,
         scratch: bool,
     ) -> Result<Self, String> {
+        // A cluster member's data names its peers: an etcd started on it dials them at their peer
+        // URLs as that member (a second instance of one identity in their raft group). Never.
+        if let Some(n) = crate::cluster::local::member_count(data).filter(|n| *n > 1) {
+            return Err(format!(
+                "{} is a cluster member's data ({n} members in its membership): a private etcd on it would reach the other members; not started",
+                data.display()
+            ));
+        }
         let log_path = log_path.to_owned();
         // Where its errors go, so that a failed start can say why. Failing to create that file is
         // the environment's problem, never evidence against the data dir: carry on without it.

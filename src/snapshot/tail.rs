@@ -27,6 +27,16 @@ pub async fn upload_tail(
     if cfg.backup.delta_period.is_zero() {
         return Ok(None);
     }
+    // A cluster member never uploads a tail: what its etcd acknowledged was committed by a
+    // majority, which keeps it, and the next leader's warden continues the chain from the store's
+    // last revision, as the one writer. (A tail read here would be written outside the leadership
+    // check, and would need a private etcd on a member's data, which would dial the peers.)
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let data = cwd.join(&cfg.etcd.data_dir);
+    if cfg.backup.cluster || crate::cluster::local::member_count(&data).is_some_and(|n| n > 1) {
+        tracing::info!("cluster member: no tail upload (the next writer continues the chain)");
+        return Ok(None);
+    }
     let store = cfg
         .backup
         .open_store()
@@ -45,8 +55,6 @@ pub async fn upload_tail(
         .last()
         .map(|(n, _)| n.last_revision())
         .unwrap_or(chain.base);
-    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-    let data = cwd.join(&cfg.etcd.data_dir);
     // etcd stopped cleanly: its db holds every applied revision, so a look at the file decides.
     if !killed
         && let Ok(db) = MvccFile::open(&data.join("member/snap/db"))
