@@ -87,9 +87,11 @@ async fn leave(socket: &Path, timeout: Duration) -> Result<(), String> {
                 let leaving = !s["member"]["holding_back"].is_null() || s["phase"] == "stopping";
                 seen |= leaving;
                 if !leaving && (seen || started.elapsed() > Duration::from_secs(5)) {
-                    return Err(
-                        "the member could not leave (see the warden's log); it stays in the cluster".into(),
-                    );
+                    return Err(match s["member"]["leave_refused"].as_str() {
+                        Some(why) => format!("the member did not leave: {why}; it stays in the cluster"),
+                        None => "the member could not leave (see the warden's log); it stays in the cluster"
+                            .into(),
+                    });
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }

@@ -64,6 +64,7 @@ pub async fn run(
     let (fence_tx, fence_rx) = watch::channel(FenceStatus::default());
     let (restores_tx, restores_rx) = watch::channel(RestoreStats::default());
     let (member_tx, member_rx) = watch::channel(None);
+    let (leave_refused_tx, leave_refused_rx) = watch::channel(None);
     let etcd_version = crate::etcd::version::of_binary(&reaper, &config.launch.program).await;
     if let Some(v) = etcd_version {
         crate::etcd::version::warn_known_issues(v, "etcd --version");
@@ -79,6 +80,7 @@ pub async fn run(
         fence: fence_rx,
         restores: restores_rx,
         member: member_rx,
+        leave_refused: leave_refused_rx,
         reaper: reaper.clone(),
         role,
         etcd_binary_version: etcd_version,
@@ -193,6 +195,7 @@ pub async fn run(
         fence: fence_tx,
         restores: restores_tx,
         member: member_tx,
+        leave_refused: leave_refused_tx,
         promote: None,
         leave: leave_rx,
         ownership: ownership_rx,
@@ -222,6 +225,7 @@ struct Terms {
     fence: watch::Sender<FenceStatus>,
     restores: watch::Sender<RestoreStats>,
     member: watch::Sender<Option<String>>,
+    leave_refused: watch::Sender<Option<String>>,
     /// A repaired member's learner promotion, while it runs.
     promote: Option<JoinHandle<()>>,
     /// `ctl leave` requests.
@@ -532,10 +536,12 @@ impl Terms {
     /// `Some(0)` once left (the warden exits); `None` when it could not leave (logged; etcd runs on).
     async fn leave_cluster(&mut self) -> Option<ExitStatus> {
         self.member.send_replace(Some("leaving the cluster".into()));
+        self.leave_refused.send_replace(None);
         let id = match crate::cluster::leave::leave(&self.config.client).await {
             Ok(id) => id,
             Err(e) => {
                 tracing::error!(error = %e, "cannot leave the cluster; this member stays");
+                self.leave_refused.send_replace(Some(e));
                 self.member.send_replace(None);
                 return None;
             }

@@ -31,6 +31,8 @@ pub struct Shared {
     /// A cluster member's membership state when it holds etcd back: quorum lost, a repair under
     /// way, a learner catching up. `None` otherwise (and always for a single member).
     pub member: watch::Receiver<Option<String>>,
+    /// Why the last `ctl leave` was refused (`None`: none was).
+    pub leave_refused: watch::Receiver<Option<String>>,
     pub reaper: Reaper,
     pub role: InitRole,
     /// What `etcd --version` said before the first start (the server's own answer wins once seen).
@@ -167,6 +169,7 @@ impl Shared {
             "backup": self.backup_json(),
             "member": {
                 "holding_back": self.member.borrow().clone(),
+                "leave_refused": self.leave_refused.borrow().clone(),
             },
             "restore": {
                 "in_progress": self.restoring.borrow().is_some(),

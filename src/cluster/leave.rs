@@ -48,6 +48,30 @@ pub async fn leave(client: &ClientConfig) -> Result<u64, String> {
     let Some(next) = others.first() else {
         return Err("this is the only voting member: a cluster cannot lose its last member".into());
     };
+    // The cluster must keep quorum without this member: a majority of the voters that remain has
+    // to answer now, or the removal leaves a cluster that cannot write.
+    let voters_left = others.len();
+    let mut healthy = Vec::new();
+    let mut down = Vec::new();
+    for m in &others {
+        if answers_with_leader(client, m).await {
+            healthy.push(m.name.clone());
+        } else {
+            down.push(m.name.clone());
+        }
+    }
+    if let Err(why) = keeps_quorum(voters_left, healthy.len()) {
+        return Err(format!(
+            "{why} (answering: {}; not answering: {}): bring the others back first",
+            if healthy.is_empty() {
+                "none".to_owned()
+            } else {
+                healthy.join(", ")
+            },
+            down.join(", ")
+        ));
+    }
+    let next = others.iter().find(|m| healthy.contains(&m.name)).unwrap_or(next);
     if status.leader() == me {
         tracing::info!(to = %next.name, "leaving: moving leadership away first");
         own.move_leader(next.id)
@@ -85,4 +109,45 @@ pub async fn leave(client: &ClientConfig) -> Result<u64, String> {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     Err(format!("no other member removed this one within 30 s ({last})"))
+}
+
+/// Whether `voters_left` voters, `healthy` of them answering, still have a quorum; why not.
+pub fn keeps_quorum(voters_left: usize, healthy: usize) -> Result<(), String> {
+    let quorum = voters_left / 2 + 1;
+    if healthy >= quorum {
+        Ok(())
+    } else {
+        Err(format!(
+            "without this member the cluster has {voters_left} voters and needs {quorum} of them, but only {healthy} answer with a leader: leaving would lose quorum"
+        ))
+    }
+}
+
+/// Whether member `m` answers on one of its client URLs and sees a leader.
+async fn answers_with_leader(client: &ClientConfig, m: &peers::Member) -> bool {
+    for endpoint in &m.client_urls {
+        if let Ok(mut c) = peers::connect(client, endpoint).await
+            && let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(2), c.status()).await
+            && s.leader() != 0
+        {
+            return true;
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keeps_quorum;
+
+    #[test]
+    fn leaving_needs_a_majority_of_the_voters_that_remain() {
+        // Three members, one leaves: two remain, both must answer.
+        assert!(keeps_quorum(2, 2).is_ok());
+        assert!(keeps_quorum(2, 1).is_err());
+        // Five members, one leaves: four remain, three must answer.
+        assert!(keeps_quorum(4, 3).is_ok());
+        assert!(keeps_quorum(4, 2).is_err());
+        assert!(keeps_quorum(1, 1).is_ok());
+    }
 }
