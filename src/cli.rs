@@ -122,6 +122,58 @@ pub async fn backups(cmd: BackupsCommand) -> i32 {
     }
 }
 
+/// Under `backups list`: the cluster that owns the prefix, its members as its writer last recorded
+/// them (what `cluster restore` restores by default), and a pending cluster restore plan.
+async fn print_cluster(store: &Store) {
+    match store.get_owner().await {
+        Ok(Some(o)) => {
+            println!();
+            println!(
+                "cluster {:x} (claimed by {}), members as of {}:",
+                o.cluster_id,
+                o.claimed_by,
+                humantime::format_rfc3339_seconds(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(o.updated_ms)
+                )
+            );
+            for m in &o.members {
+                println!(
+                    "  {:<16} {:x}{} {}",
+                    if m.name.is_empty() {
+                        "(not started)"
+                    } else {
+                        &m.name
+                    },
+                    m.id,
+                    if m.is_learner { " learner" } else { "" },
+                    m.peer_urls.join(",")
+                );
+            }
+        }
+        Ok(None) => {}
+        Err(e) => eprintln!(
+            "etcd-warden: cannot read the cluster record: {}",
+            crate::telemetry::error_chain(&e)
+        ),
+    }
+    if let Ok(Some(plan)) = store.current_plan().await
+        && !plan.retired
+    {
+        let waiting = store.plan_waiting_for(&plan).await.unwrap_or_default();
+        println!(
+            "cluster restore plan {} pending: {} at revision {}; waiting for {}",
+            plan.id,
+            plan.full,
+            plan.target_revision,
+            if waiting.is_empty() {
+                "nobody".to_owned()
+            } else {
+                waiting.join(", ")
+            }
+        );
+    }
+}
+
 async fn list(url: &str, as_json: bool) -> i32 {
     let store = match open_store(url, Keys::default()) {
         Ok(s) => s,
@@ -189,6 +241,7 @@ async fn list(url: &str, as_json: bool) -> i32 {
                         r["key"].as_str().unwrap_or_default()
                     );
                 }
+                print_cluster(&store).await;
             }
             0
         }
@@ -278,9 +331,15 @@ pub async fn cluster_restore(args: crate::config::ClusterRestoreArgs) -> i32 {
         bump_revision: args.bump_revision,
         initial_cluster: args.initial_cluster.clone(),
         force: args.force,
+        replace: args.replace,
     };
     match crate::cluster::restore::write_plan(&store, &req).await {
         Ok(plan) => {
+            if let Some(old) = &plan.replaces {
+                println!(
+                    "cluster restore plan {old} is replaced: members that restored by it restore by this one too"
+                );
+            }
             println!(
                 "cluster restore plan {} written to {}: every member restores {} to revision {}{}, as a new cluster (token {}):",
                 plan.id,
@@ -307,7 +366,11 @@ pub async fn cluster_restore(args: crate::config::ClusterRestoreArgs) -> i32 {
             );
             0
         }
-        Err(e) => {
+        Err(crate::cluster::restore::PlanError::Pending(why)) => {
+            eprintln!("etcd-warden: cluster restore: {why}; nothing was written");
+            EX_USAGE
+        }
+        Err(crate::cluster::restore::PlanError::Other(e)) => {
             eprintln!("etcd-warden: cluster restore: {e}; nothing was written");
             1
         }

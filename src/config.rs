@@ -94,6 +94,10 @@ pub struct ClusterRestoreArgs {
     /// Members apply the plan at their next start even if their cluster still has quorum.
     #[arg(long)]
     pub force: bool,
+    /// Replace the pending plan (one not yet applied by every member): members that applied it
+    /// restore by the new one too. Without it, a second plan while one is pending is refused.
+    #[arg(long)]
+    pub replace: bool,
     /// age identity file, for backups written with --encrypt-to.
     #[arg(long, env = "ETCD_WARDEN_IDENTITY_FILE", value_name = "FILE")]
     pub identity: Option<PathBuf>,

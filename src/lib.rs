@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod config;
 pub mod ctl;
 pub mod etcd;
+pub mod failpoint;
 pub mod gbr;
 pub mod http;
 pub mod metrics;

@@ -967,3 +967,208 @@ fn a_leader_cut_off_by_iptables_for_30s_writes_nothing_the_majority_lacks_and_re
     );
     stop_all(&mut wardens);
 }
+
+/// The writer's full is held (failpoint) between its last byte and its completion; meanwhile its
+/// etcd is frozen and leadership moves. The new writer continues the older chain past the frozen
+/// one's revision and writes the head. When the old writer's full completes, it is not published:
+/// the head keeps naming the new writer (a later raft term), and a restore of "latest" takes the
+/// chain the new writer extended, not the newer-named full, so it holds every acknowledged write.
+#[test]
+fn a_full_finished_after_leadership_moved_never_becomes_the_head_nor_the_latest_point() {
+    let etcd = default_etcd();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    const HOLD: u64 = 12;
+    let wardens: Vec<Option<Warden>> = (0..3)
+        .map(|i| {
+            let argv = member_args_token(
+                &etcd,
+                &ips,
+                i,
+                &dir.path().join(format!("m{i}")),
+                "warden-stale-full",
+            );
+            Some(
+                Warden::builder(
+                    &ips[i],
+                    &["--store", &store, "--delta-snapshot-period", "200ms"],
+                    &argv,
+                )
+                .env("ETCD_WARDEN_FAILPOINT", "full-before-complete")
+                .env("ETCD_WARDEN_FAILPOINT_PAUSE", &HOLD.to_string())
+                .spawn(),
+            )
+        })
+        .collect();
+    for w in wardens.iter().flatten() {
+        w.wait_ready(START);
+    }
+    let old = the_writer(&wardens);
+    let old_w = wardens[old].as_ref().unwrap();
+    wait_for("the first full (held for the failpoint)", START, || {
+        (old_w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    let survivor = (old + 1) % 3;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = writer(ips[survivor].clone(), stop.clone());
+    wait_for("writes under way", START, || {
+        (etcd_revision(&ctl, &ips[survivor]) > 50).then_some(())
+    });
+    // A second full, held before it completes; then the writer's etcd freezes.
+    old_w.signal(Signal::SIGUSR1);
+    wait_for(
+        "the old writer's second full to reach the failpoint",
+        START,
+        || (old_w.log_text().matches("failpoint reached: pausing").count() >= 2).then_some(()),
+    );
+    let frozen_at = etcd_revision(&ctl, &ips[old]);
+    let frozen = nix::unistd::Pid::from_raw(old_w.etcd_pid().unwrap());
+    nix::sys::signal::kill(frozen, Signal::SIGSTOP).unwrap();
+    let new = wait_for("a writer among the majority", START, || {
+        (0..3).find(|i| *i != old && role(wardens[*i].as_ref().unwrap()) == "writer")
+    });
+    let new_w = wardens[new].as_ref().unwrap();
+    wait_for(
+        "the new writer to back up past the frozen full's revision",
+        START,
+        || (new_w.status()["backup"]["backed_up_revision"].as_i64() > Some(frozen_at + 100)).then_some(()),
+    );
+    let read_head = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(dir.path().join("store/v1/head.json")).unwrap()).unwrap()
+    };
+    // Either it declines (and says so), or it wrote the head: whichever comes first is its decision.
+    wait_for(
+        "the old writer to complete its full and decide on publishing it",
+        START,
+        || {
+            (old_w
+                .log_text()
+                .contains("lost leadership while its full snapshot uploaded")
+                || read_head()["member_name"] == format!("m{old}"))
+            .then_some(())
+        },
+    );
+    let head = read_head();
+    assert_eq!(
+        head["member_name"],
+        format!("m{new}"),
+        "the head names another writer than the new leader's: {head}"
+    );
+    nix::sys::signal::kill(frozen, Signal::SIGCONT).unwrap();
+    wait_for("the old writer's warden to follow", START, || {
+        (role(old_w) == "follower").then_some(())
+    });
+    let head_after = read_head();
+    assert!(
+        head_after["raft_term"].as_u64() >= head["raft_term"].as_u64(),
+        "the head went back to an earlier term: {head} then {head_after}"
+    );
+    stop.store(true, Ordering::SeqCst);
+    let acked = writes.join().unwrap();
+    let now = the_writer(&wardens);
+    let rev = etcd_revision(&ctl, &ips[survivor]);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (wardens[now].as_ref().unwrap().status()["backup"]["backed_up_revision"].as_i64() >= Some(rev))
+            .then_some(())
+    });
+    // The completed, unpublished full is in the store, above the chain's base.
+    let fulls: Vec<i64> = backups_list(&store, &[])
+        .iter()
+        .filter(|r| r["kind"] == "full")
+        .map(|r| r["last"].as_i64().unwrap())
+        .collect();
+    assert!(fulls.len() >= 2, "the held full is not in the store: {fulls:?}");
+    let (found, _) = keys_after_restore(&etcd, &store, &[], "k");
+    assert_none_lost(
+        &acked,
+        &found,
+        "restore of latest after a full finished past its leadership",
+    );
+    assert_eq!(
+        found,
+        live_keys(&etcd, &ips[survivor], "k"),
+        "the restore differs from the cluster"
+    );
+}
+
+/// The writer is stopped gracefully while clients keep writing through another member: it uploads
+/// nothing after its leadership ends (no tail read through a private etcd on its member data,
+/// which would dial the peers), every object in the store carries the cluster's id, and the next
+/// writer's chain holds every acknowledged write.
+#[test]
+fn a_writers_graceful_stop_under_writes_leaves_no_object_outside_the_cluster() {
+    let etcd = default_etcd();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let mut wardens = start_members(&etcd, dir.path(), &store, &ips, "m", "warden-graceful");
+    let old = the_writer(&wardens);
+    wait_for("the first full", START, || {
+        (wardens[old].as_ref().unwrap().status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    let survivor = (old + 1) % 3;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = writer(ips[survivor].clone(), stop.clone());
+    wait_for("writes under way", START, || {
+        (etcd_revision(&ctl, &ips[survivor]) > 100).then_some(())
+    });
+    // The other wardens are frozen meanwhile (their etcds serve on): nothing but the stopping
+    // writer uploads until it is gone, so the revisions its etcd applied after its last flush
+    // (writes go on until etcd stops) are a tail only it could upload.
+    for i in (0..3).filter(|i| *i != old) {
+        wardens[i].as_ref().unwrap().signal(Signal::SIGSTOP);
+    }
+    let mut w = wardens[old].take().unwrap();
+    w.signal(Signal::SIGTERM);
+    let code = w.wait_exit(START);
+    for i in (0..3).filter(|i| *i != old) {
+        wardens[i].as_ref().unwrap().signal(Signal::SIGCONT);
+    }
+    // etcd's own status: Go re-raises SIGTERM after its clean shutdown.
+    assert!(code == 0 || code == 143, "exit {code}: {}", w.log_text());
+    let log = w.log_text();
+    let now = the_writer(&wardens);
+    wait_for("writes past the handover", START, || {
+        (wardens[now].as_ref().unwrap().status()["backup"]["backed_up_revision"].as_i64()
+            > Some(etcd_revision(&ctl, &ips[survivor]) - 5))
+        .then_some(())
+    });
+    stop.store(true, Ordering::SeqCst);
+    let acked = writes.join().unwrap();
+    let rev = etcd_revision(&ctl, &ips[survivor]);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (wardens[now].as_ref().unwrap().status()["backup"]["backed_up_revision"].as_i64() >= Some(rev))
+            .then_some(())
+    });
+    let cluster: serde_json::Value =
+        serde_json::from_str(&etcdctl(&ctl, &ips[survivor], &["endpoint", "status", "-w", "json"]).unwrap())
+            .unwrap();
+    let cluster_id = cluster[0]["Status"]["header"]["cluster_id"].as_u64().unwrap();
+    let s = etcd_warden::store::Store::open(&store.parse().unwrap()).unwrap();
+    let rows = backups_list(&store, &[]);
+    rt().block_on(async {
+        for r in &rows {
+            let key = r["key"].as_str().unwrap();
+            let h = etcd_warden::store::format::read_header(s.inner.as_ref(), key)
+                .await
+                .unwrap();
+            assert_eq!(
+                h.cluster_id, cluster_id,
+                "{key} was written outside the cluster:\n{log}"
+            );
+        }
+    });
+    assert!(
+        !std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(".tail.log")),
+        "a private etcd ran on the stopped writer's member data"
+    );
+    let (found, _) = keys_after_restore(&etcd, &store, &[], "k");
+    assert_none_lost(&acked, &found, "restore after the writer's graceful stop");
+    stop_all(&mut wardens);
+}

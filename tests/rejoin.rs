@@ -914,3 +914,196 @@ fn a_changed_peer_url_is_updated_through_a_peer() {
     wardens[moved] = Some(w);
     stop_all(&mut wardens);
 }
+
+/// A cluster restore plan is bound to its chain and revision, and one is pending at a time: all
+/// three data dirs lost, two members come back and restore by the plan, a second `cluster
+/// restore` is refused (exit 64) unless `--replace`, the restored cluster writes and takes new
+/// fulls under `--retention last:1`, and the third member, started late, still restores exactly
+/// the plan's point (the retention kept that chain) and joins: one cluster, one HashKV. Once all
+/// three applied it, the plan is retired.
+#[test]
+fn a_late_member_restores_the_plans_own_point_after_the_restored_cluster_moved_on() {
+    let etcd = default_etcd();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let (mut wardens, rev) = cluster_with_backups(&etcd, dir.path(), &store, &ips, 200);
+    stop_all(&mut wardens);
+    for i in 0..3 {
+        std::fs::remove_dir_all(data_dir(dir.path(), i)).unwrap();
+    }
+    let keep_one = [("ETCD_WARDEN_RETENTION", "last:1".to_owned())];
+    let two: Vec<Warden> = (0..2)
+        .map(|i| member(&etcd, dir.path(), &store, &ips, i, &keep_one))
+        .collect();
+    for (i, w) in two.iter().enumerate() {
+        wait_for(&format!("m{i} to say quorum lost"), START, || {
+            let (code, body) = w.get("/readyz")?;
+            (code == 503 && body.contains("quorum lost")).then_some(())
+        });
+    }
+    let out = cluster_restore(&store, &[]);
+    assert!(out.contains(&format!("to revision {rev}")), "{out}");
+    // A second plan while this one is pending: refused, naming the way out.
+    let again = std::process::Command::new(WARDEN)
+        .args(["cluster", "restore", "--store", &store])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert_eq!(again.status.code(), Some(64), "{said}");
+    assert!(said.contains("pending") && said.contains("--replace"), "{said}");
+    for w in &two {
+        w.wait_ready(START);
+    }
+    // The restored cluster moves on: writes, then fulls under last:1.
+    for i in 0..50 {
+        etcdctl(&ctl, &ips[0], &["put", &format!("after{i:03}"), "x"]).unwrap();
+    }
+    let writer_i = wait_for("a writer in the restored cluster", START, || {
+        (0..2).find(|i| role(&two[*i]) == "writer")
+    });
+    let fulls_before = two[writer_i].status()["backup"]["fulls_total"]
+        .as_u64()
+        .unwrap_or(0);
+    two[writer_i].signal(Signal::SIGUSR1);
+    wait_for("a full of the restored cluster after its writes", START, || {
+        (two[writer_i].status()["backup"]["fulls_total"].as_u64() > Some(fulls_before)).then_some(())
+    });
+    let listed = backups_list(&store, &[]);
+    assert!(
+        listed
+            .iter()
+            .any(|r| r["kind"] == "full" && r["last"].as_i64().unwrap() > rev),
+        "no full of the restored cluster past the plan's revision: {listed:#?}"
+    );
+    // The third member, late.
+    let late = member(&etcd, dir.path(), &store, &ips, 2, &keep_one);
+    late.wait_ready(START);
+    let log = late.log_text();
+    assert!(
+        log.contains("member restored by the cluster restore plan")
+            && log.contains(&format!("backed_up_revision={rev}")),
+        "the late member did not restore the plan's revision {rev}:\n{log}"
+    );
+    let mut all = two;
+    all.push(late);
+    one_cluster_again(&ctl, &all, &ips);
+    let value = etcdctl(&ctl, &ips[2], &["get", "after049", "--print-value-only"]).unwrap();
+    assert_eq!(value.trim(), "x");
+    let current: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("store/v1/cluster-restore/current.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        current["retired"], true,
+        "the applied plan is still pending: {current}"
+    );
+    // With nothing pending, a new plan is accepted again.
+    let listing = std::process::Command::new(WARDEN)
+        .args(["backups", "list", "--store", &store])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&listing.stdout);
+    assert!(!text.contains("pending"), "{text}");
+    stop_all(&mut all.into_iter().map(Some).collect::<Vec<_>>());
+}
+
+/// `ctl leave` on a member whose cluster would lose quorum without it (another member frozen) is
+/// refused, saying so, and changes nothing; once the other is back, a follower leaves and the
+/// store's member list (what `cluster restore` restores by default, shown by `backups list`)
+/// follows at once, though leadership never moved.
+#[test]
+fn a_leave_that_would_lose_quorum_is_refused_and_the_store_follows_the_membership() {
+    let etcd = default_etcd();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let socket = |i: usize| dir.path().join(format!("admin{i}.sock"));
+    let mut wardens: Vec<Option<Warden>> = (0..3)
+        .map(|i| {
+            let argv = member_args_token(&etcd, &ips, i, &data_dir(dir.path(), i), "warden-leave");
+            let sock = socket(i).display().to_string();
+            Some(
+                Warden::builder(
+                    &ips[i],
+                    &[
+                        "--store",
+                        &store,
+                        "--delta-snapshot-period",
+                        "200ms",
+                        "--admin-socket",
+                        &sock,
+                    ],
+                    &argv,
+                )
+                .spawn(),
+            )
+        })
+        .collect();
+    for w in wardens.iter().flatten() {
+        w.wait_ready(START);
+    }
+    let writer_i = the_writer(&wardens);
+    let (leaving, frozen) = ((writer_i + 1) % 3, (writer_i + 2) % 3);
+    let owner = |dir: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(dir.join("store/v1/cluster.json")).unwrap_or_default())
+            .unwrap_or_default()
+    };
+    wait_for("the store's member list to name three members", START, || {
+        (owner(dir.path())["members"].as_array().map(Vec::len) == Some(3)).then_some(())
+    });
+    let ctl_leave = |i: usize| {
+        std::process::Command::new(WARDEN)
+            .args(["ctl", "--admin-socket"])
+            .arg(socket(i))
+            .arg("leave")
+            .output()
+            .unwrap()
+    };
+    let pid = nix::unistd::Pid::from_raw(wardens[frozen].as_ref().unwrap().etcd_pid().unwrap());
+    nix::sys::signal::kill(pid, Signal::SIGSTOP).unwrap();
+    let out = ctl_leave(leaving);
+    nix::sys::signal::kill(pid, Signal::SIGCONT).unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a leave that loses quorum was done");
+    assert!(said.contains("lose quorum"), "{said}");
+    assert_eq!(members(&ctl, &ips[writer_i]).unwrap().len(), 3);
+    wardens[leaving].as_ref().unwrap().wait_ready(START);
+    wardens[frozen].as_ref().unwrap().wait_ready(START);
+    let out = ctl_leave(leaving);
+    assert!(
+        out.status.success(),
+        "ctl leave m{leaving}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut w = wardens[leaving].take().unwrap();
+    assert_eq!(w.wait_exit(START), 0);
+    assert_eq!(
+        role(wardens[writer_i].as_ref().unwrap()),
+        "writer",
+        "leadership moved: this test is about a follower leaving"
+    );
+    wait_for(
+        "the store's member list to drop the member that left",
+        START,
+        || {
+            let names: Vec<String> = owner(dir.path())["members"]
+                .as_array()?
+                .iter()
+                .map(|m| m["name"].as_str().unwrap_or_default().to_owned())
+                .collect();
+            (names.len() == 2 && !names.contains(&format!("m{leaving}"))).then_some(())
+        },
+    );
+    let listing = std::process::Command::new(WARDEN)
+        .args(["backups", "list", "--store", &store])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&listing.stdout);
+    assert!(text.contains(&format!("  m{writer_i} ")), "{text}");
+    assert!(!text.contains(&format!("  m{leaving} ")), "{text}");
+    stop_all(&mut wardens);
+}

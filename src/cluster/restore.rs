@@ -40,6 +40,9 @@ pub async fn pending_plan(store: &Store, name: &str, data: &Path) -> Result<Opti
     let Some(plan) = store.current_plan().await.map_err(err)? else {
         return Ok(None);
     };
+    if plan.retired {
+        return Ok(None);
+    }
     if !plan.members.iter().any(|m| m.name == name) {
         return Ok(None);
     }
@@ -51,6 +54,21 @@ pub async fn pending_plan(store: &Store, name: &str, data: &Path) -> Result<Opti
         return Ok(None);
     }
     Ok(Some(plan))
+}
+
+/// Whether this member applies `plan` now (a pure rule, the driver asks the store and the peers):
+/// - its cluster has no quorum (what the plan is for), or the plan says `--force`;
+/// - or the quorum it sees is the plan's own new cluster (another member restored by it already),
+///   which this member must join the same way;
+/// - or its data came from the plan this one replaced (`--replace`): that cluster is abandoned.
+pub fn applies(plan: &Plan, quorum: bool, others_done: bool, marker: Option<&Marker>) -> bool {
+    !quorum
+        || plan.force
+        || others_done
+        || plan
+            .replaces
+            .as_ref()
+            .is_some_and(|r| marker.is_some_and(|m| &m.plan == r))
 }
 
 /// Whether another member named by `plan` restored by it already (the plan is under way).
@@ -104,9 +122,17 @@ pub async fn apply(
         initial_cluster: Some(plan.initial_cluster()),
         initial_advertise_peer_urls: Some(me.peer_urls.join(",")),
         initial_cluster_token: Some(plan.token.clone()),
+        // The plan's own chain and revision, never "the newest backup at apply time": a member
+        // that applies late restores what the others did (retention keeps that chain meanwhile).
         target: match SnapshotName::parse(&plan.full).ok().and_then(|n| n.chain()) {
             Some(chain) if plan.full_only => Target::Full(chain),
-            _ => Target::Revision(plan.target_revision),
+            Some(chain) => Target::ChainAt(chain, plan.target_revision),
+            None => {
+                return Err(format!(
+                    "restore plan {}: {:?} is not a full snapshot's key",
+                    plan.id, plan.full
+                ));
+            }
         },
         bump_revision: plan.bump_revision,
     };
@@ -155,8 +181,15 @@ pub async fn apply(
         revision: report.backed_up_revision,
         at_ms: now,
     };
-    if let Err(e) = store.mark_plan_done(&plan.id, &done).await {
-        tracing::warn!(error = %crate::telemetry::error_chain(&e), "cannot record in the store that this member restored by the plan (the local marker keeps it from restoring again)");
+    match store.mark_plan_done(&plan.id, &done).await {
+        Ok(()) => {
+            if let Err(e) = store.retire_plan_if_applied(plan).await {
+                tracing::warn!(error = %crate::telemetry::error_chain(&e), "cannot retire the plan (the writer tries again before its retention)");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %crate::telemetry::error_chain(&e), "cannot record in the store that this member restored by the plan (the local marker keeps it from restoring again)");
+        }
     }
     tracing::info!(plan = %plan.id, revision = report.revision, backed_up_revision = report.backed_up_revision, seconds = report.seconds, "member restored by the cluster restore plan: starting etcd `new`");
     Ok(Decision::Join {
@@ -177,11 +210,47 @@ pub struct PlanRequest {
     /// `name=peer-url,...`; `None`: the member list the store recorded.
     pub initial_cluster: Option<String>,
     pub force: bool,
+    /// Replace a pending plan.
+    pub replace: bool,
+}
+
+/// Why no plan was written.
+#[derive(Debug)]
+pub enum PlanError {
+    /// Another plan is pending and `--replace` was not given (bad usage).
+    Pending(String),
+    Other(String),
+}
+
+impl From<String> for PlanError {
+    fn from(e: String) -> Self {
+        Self::Other(e)
+    }
+}
+
+impl From<&str> for PlanError {
+    fn from(e: &str) -> Self {
+        Self::Other(e.to_owned())
+    }
 }
 
 /// Writes the plan for `req` into `store`; the plan, or why not.
-pub async fn write_plan(store: &Store, req: &PlanRequest) -> Result<Plan, String> {
+pub async fn write_plan(store: &Store, req: &PlanRequest) -> Result<Plan, PlanError> {
     let err = |e: crate::store::StoreError| crate::telemetry::error_chain(&e);
+    let pending = match store.current_plan().await.map_err(err)? {
+        Some(p) if !store.retire_plan_if_applied(&p).await.map_err(err)? => Some(p),
+        _ => None,
+    };
+    if let Some(p) = &pending
+        && !req.replace
+    {
+        let waiting = store.plan_waiting_for(p).await.map_err(err)?;
+        return Err(PlanError::Pending(format!(
+            "plan {} is pending (members {} have not restored by it yet): two plans at once would split the members between two clusters. Wait for it, or give --replace to replace it (members that applied it restore by the new one too)",
+            p.id,
+            waiting.join(", ")
+        )));
+    }
     let owner = store.get_owner().await.map_err(err)?;
     let members: Vec<PlanMember> = match (&req.initial_cluster, &owner) {
         (Some(c), _) => {
@@ -239,11 +308,60 @@ pub async fn write_plan(store: &Store, req: &PlanRequest) -> Result<Plan, String
         previous_cluster_id: owner.map(|o| o.cluster_id).unwrap_or(0),
         force: req.force,
         full_only: chosen.deltas.is_empty() && chosen.stop_at.is_none(),
+        replaces: pending.map(|p| p.id),
+        retired: false,
     };
     if !store.put_plan(&plan).await.map_err(err)? {
-        return Err(format!(
+        return Err(PlanError::Other(format!(
             "a plan with id {id} exists already; run the command again"
-        ));
+        )));
     }
     Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(force: bool, replaces: Option<&str>) -> Plan {
+        Plan {
+            format: 1,
+            id: "B".into(),
+            created_ms: 0,
+            full: "v1/full/x".into(),
+            target_revision: 10,
+            bump_revision: 0,
+            token: "t".into(),
+            members: Vec::new(),
+            previous_cluster_id: 0,
+            force,
+            full_only: false,
+            replaces: replaces.map(str::to_owned),
+            retired: false,
+        }
+    }
+
+    fn marker(plan: &str) -> Marker {
+        Marker {
+            plan: plan.into(),
+            revision: 10,
+            at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn who_applies_a_plan() {
+        // No quorum: what a plan is for.
+        assert!(applies(&plan(false, None), false, false, None));
+        // A quorum of the old cluster: only when forced.
+        assert!(!applies(&plan(false, None), true, false, None));
+        assert!(applies(&plan(true, None), true, false, None));
+        // The quorum is the plan's own new cluster (another member restored by it): join it.
+        assert!(applies(&plan(false, None), true, true, None));
+        // A replacement: the members restored by the replaced plan (whose cluster may well have
+        // quorum) move on to it; a member restored by some other, older plan does not.
+        assert!(applies(&plan(false, Some("A")), true, false, Some(&marker("A"))));
+        assert!(!applies(&plan(false, Some("A")), true, false, Some(&marker("Z"))));
+        assert!(!applies(&plan(false, Some("A")), true, false, None));
+    }
 }

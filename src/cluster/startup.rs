@@ -27,14 +27,7 @@ use crate::config::RunConfig;
 use crate::pid1::Reaper;
 use crate::restore::startup::Decision;
 
-/// `ETCD_WARDEN_FAILPOINT=<name>` makes the warden die right there, as a SIGKILL would: how the
-/// tests check that a repair resumes from its journal after a crash at each step.
-fn failpoint(name: &str) {
-    if std::env::var("ETCD_WARDEN_FAILPOINT").is_ok_and(|v| v == name) {
-        tracing::error!(failpoint = name, "failpoint reached: dying");
-        std::process::abort();
-    }
-}
+use crate::failpoint::die as failpoint;
 
 /// How long to wait before asking the peers again.
 const RETRY: Duration = Duration::from_secs(2);
@@ -196,7 +189,10 @@ async fn step(
             }
             _ => false,
         };
-        if let Some(plan) = plan.filter(|p| survey.quorum.is_none() || p.force || in_progress) {
+        let marker = super::restore::marker(data);
+        if let Some(plan) =
+            plan.filter(|p| super::restore::applies(p, survey.quorum.is_some(), in_progress, marker.as_ref()))
+        {
             return match super::restore::apply(cfg, reaper, &store, data, &plan, status).await {
                 Ok(d) => Ok(Some(d)),
                 Err(e) => {

@@ -209,7 +209,7 @@ pub async fn restore(
     // A revision that no backup reaches (past the newest, or in a stretch no delta holds: GBR drops
     // the events between its last delta and each new full) is restored as far as the store goes,
     // and said, like a gap.
-    if let Target::Revision(r) = opts.target
+    if let Target::Revision(r) | Target::ChainAt(_, r) = opts.target
         && candidates[0].gap.is_none()
         && asked < r
     {
@@ -585,7 +585,7 @@ async fn deltas(
         // A full's name is a lower bound (its revision was read before the stream began): the
         // restored member is at what the database holds.
         let revision = MvccFile::open(db).map_or(cand.full.last_revision(), |f| f.revision());
-        if let Target::Revision(r) = opts.target
+        if let Target::Revision(r) | Target::ChainAt(_, r) = opts.target
             && revision > r
         {
             // An older full may still reach the target exactly.

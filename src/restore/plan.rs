@@ -22,6 +22,10 @@ pub enum Target {
     /// cluster restore plan that chose a full with nothing after it: every member restores the
     /// same file, though its name says only a lower bound of its revision).
     Full(ChainId),
+    /// That chain (its full snapshot and deltas) up to this revision, and no other: a cluster
+    /// restore plan, so every member restores the same point of the same history, however late it
+    /// applies the plan and whatever was written to the store since.
+    ChainAt(ChainId, i64),
 }
 
 /// One way to restore: a full snapshot and the deltas to apply after it.
@@ -58,11 +62,16 @@ pub fn candidates(
     chain_of: &dyn Fn(ChainId) -> Vec<SnapshotName>,
     target: Target,
 ) -> Vec<Candidate> {
+    let (only, target) = match target {
+        Target::ChainAt(c, r) => (Some(c), Target::Revision(r)),
+        t => (None, t),
+    };
     let mut fulls: Vec<&SnapshotName> = fulls
         .iter()
+        .filter(|f| only.is_none() || f.chain() == only)
         .filter(|f| match target {
             Target::Latest => true,
-            Target::Revision(r) => f.last_revision() <= r,
+            Target::Revision(r) | Target::ChainAt(_, r) => f.last_revision() <= r,
             Target::Time(t) => f.created_ms <= t,
             Target::Full(c) => f.chain() == Some(c),
         })
@@ -97,7 +106,7 @@ pub fn candidates(
                 let wanted = match target {
                     Target::Full(_) => false,
                     Target::Latest => true,
-                    Target::Revision(r) => r >= next,
+                    Target::Revision(r) | Target::ChainAt(_, r) => r >= next,
                     Target::Time(t) if d.created_ms <= t => true,
                     // The missing delta was written between the last one taken and this one,
                     // perhaps before the target time: its revisions count as asked for, so a
@@ -147,6 +156,21 @@ pub fn candidates(
     // at one revision (a restore without a bump) must not make the abandoned one win. Between the
     // warden's own chains and GBR's, one history (the same etcd, backed up by whichever program led
     // during a switch), the one that reaches further comes first.
+    // A full taken by a writer that lost leadership mid-way is older than the chain the next
+    // writer kept extending (`live_chain`): that chain comes first when it reaches as far.
+    let catalog: std::collections::BTreeMap<ChainId, Vec<SnapshotName>> = out
+        .iter()
+        .filter_map(|c| c.full.chain())
+        .map(|c| (c, chain_of(c)))
+        .collect();
+    let all_fulls: Vec<SnapshotName> = out.iter().map(|c| c.full).collect();
+    if let Some(live) = crate::store::layout::live_chain(&all_fulls, &catalog)
+        && let Some(i) = out.iter().position(|c| c.full.chain() == Some(live))
+        && out[i].target_revision >= out[0].target_revision
+    {
+        let c = out.remove(i);
+        out.insert(0, c);
+    }
     if let Some(first) = out.first() {
         let own = first.full.is_own();
         if let Some(i) = out.iter().position(|c| c.full.is_own() != own)
@@ -284,6 +308,28 @@ mod tests {
         let cs = candidates(&fulls, &c, Target::Latest);
         assert_eq!((cs[0].full, cs[0].target_revision), (new, 15));
         assert_eq!((cs[1].full, cs[1].target_revision), (old, 30));
+    }
+
+    /// A writer that lost leadership during its full published it (revision 40, created at 300)
+    /// after the next writer resumed the chain of full 10 and went on past it: latest is that chain,
+    /// not the newer full, and a revision target past 40 is reached through it too.
+    #[test]
+    fn a_full_finished_after_leadership_moved_does_not_hide_the_live_chain() {
+        let (base, stale) = (full(10, 100), full(40, 300));
+        let fulls = [base, stale];
+        let c = chains(
+            &fulls,
+            vec![delta_of(&base, 11, 35, 250), delta_of(&base, 36, 70, 400)],
+        );
+        let cs = candidates(&fulls, &c, Target::Latest);
+        assert_eq!((cs[0].full, cs[0].target_revision), (base, 70));
+        assert_eq!((cs[1].full, cs[1].target_revision), (stale, 40));
+        let cs = candidates(&fulls, &c, Target::Revision(60));
+        assert_eq!((cs[0].full, cs[0].target_revision), (base, 60));
+        // A newer full after the chain's last delta is the newest point again.
+        let fulls = [base, stale, full(70, 500)];
+        let cs = candidates(&fulls, &c, Target::Latest);
+        assert_eq!(cs[0].full, fulls[2]);
     }
 
     #[test]

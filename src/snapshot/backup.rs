@@ -202,6 +202,13 @@ pub struct Backup {
     identity: Identity,
     /// What the writer last put in the head object (clusters).
     head: Option<Head>,
+    /// The raft term of a later writer that wrote the head object over this one's: this warden
+    /// writes nothing until its own etcd leads in at least that term.
+    superseded_in: Option<u64>,
+    /// Leadership checks in a row that etcd did not answer (a writer stops at three).
+    unanswered: u32,
+    /// The member list last written to the store's cluster record (clusters).
+    recorded_members: Option<Vec<crate::store::owner::Member>>,
     /// The longest back-off after the last failure (see `STORE_RETRY_MAX`).
     retry_cap: Duration,
 }
@@ -242,6 +249,9 @@ impl Backup {
                 authenticated: false,
                 identity: Identity::default(),
                 head: None,
+                superseded_in: None,
+                unanswered: 0,
+                recorded_members: None,
                 outside_at_full: None,
                 retry_cap: RETRY_MAX,
             },
@@ -424,22 +434,9 @@ impl Backup {
     /// or already is; its member list is kept current there. `Ok(false)`: another cluster owns
     /// the prefix, so nothing is written (said in /status and metrics; readiness is untouched).
     async fn claim_prefix(&mut self, client: &mut Client, store: &Store) -> Result<bool, ()> {
-        let members = match client.member_list().await {
-            Ok(r) => r
-                .members()
-                .iter()
-                .map(|m| crate::store::owner::Member {
-                    name: m.name().to_owned(),
-                    id: m.id(),
-                    peer_urls: m.peer_urls().to_vec(),
-                    client_urls: m.client_urls().to_vec(),
-                    is_learner: m.is_learner(),
-                })
-                .collect::<Vec<_>>(),
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot list the members before claiming the prefix");
-                return Err(());
-            }
+        let Some(members) = members_of(client).await else {
+            tracing::debug!("cannot list the members before claiming the prefix");
+            return Err(());
         };
         let now = crate::store::layout::now_ms();
         let ours = crate::store::owner::Owner {
@@ -490,15 +487,10 @@ impl Backup {
             return Ok(false);
         }
         self.status.send_modify(|s| s.foreign_prefix = None);
-        if owner.members != members {
-            let updated = crate::store::owner::Owner {
-                members,
-                updated_ms: now,
-                ..owner
-            };
-            if let Err(e) = store.put_owner(&updated).await {
-                tracing::warn!(error = %crate::telemetry::error_chain(&e), "cannot update the member list in the store");
-            }
+        if owner.members == members {
+            self.recorded_members = Some(members);
+        } else {
+            self.keep_members_current(client, store).await;
         }
         Ok(true)
     }
@@ -529,10 +521,80 @@ impl Backup {
             last_delta: delta.or_else(|| prev.as_ref().and_then(|h| h.last_delta.clone())),
             updated_ms: crate::store::layout::now_ms(),
         };
-        if let Err(e) = store.put_head(&head).await {
-            tracing::warn!(error = %crate::telemetry::error_chain(&e), "cannot update the head object; the next upload tries again");
+        match store.put_head(&head).await {
+            Ok(crate::store::head::HeadWrite::Written) => {}
+            Ok(crate::store::head::HeadWrite::Superseded(theirs)) => {
+                tracing::warn!(
+                    writer = %theirs.member_name,
+                    their_term = theirs.raft_term,
+                    our_term = head.raft_term,
+                    "a writer of a later raft term wrote the head object: this member no longer leads; writing nothing more"
+                );
+                self.superseded_in = Some(theirs.raft_term);
+            }
+            Err(e) => {
+                tracing::warn!(error = %crate::telemetry::error_chain(&e), "cannot update the head object; the next upload tries again");
+            }
         }
         self.head = Some(head);
+    }
+
+    /// Whether this writer still leads, asked of its etcd right now (clusters; a single member
+    /// always writes): a timeout counts as no.
+    async fn still_leads(&mut self, client: &mut Client) -> bool {
+        if !self.cfg.cluster {
+            return true;
+        }
+        match leads(client).await {
+            Some(Ok(me)) if self.superseded_in.is_none_or(|t| me.raft_term > t) => {
+                self.identity = me;
+                self.superseded_in = None;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The member list in the store's cluster record follows etcd's (joins, rejoins with a new
+    /// id, leaves): what `cluster restore` reads to know the members. One etcd call per check, a
+    /// store write only when the list changed.
+    async fn keep_members_current(&mut self, client: &mut Client, store: &Store) {
+        let Some(members) = members_of(client).await else {
+            return;
+        };
+        if self.recorded_members.as_ref() == Some(&members) {
+            return;
+        }
+        let result = async {
+            let Some(owner) = store.get_owner().await? else {
+                return Ok(false);
+            };
+            if owner.cluster_id != self.identity.cluster_id {
+                return Ok(false);
+            }
+            if owner.members != members {
+                store
+                    .put_owner(&crate::store::owner::Owner {
+                        members: members.clone(),
+                        updated_ms: crate::store::layout::now_ms(),
+                        ..owner
+                    })
+                    .await?;
+                tracing::info!(
+                    members = ?members.iter().map(|m| format!("{} {:x}{}", m.name, m.id, if m.is_learner { " learner" } else { "" })).collect::<Vec<_>>(),
+                    "membership changed: the store's member list updated"
+                );
+            }
+            Ok::<bool, crate::store::StoreError>(true)
+        }
+        .await;
+        match result {
+            Ok(true) => self.recorded_members = Some(members),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %crate::telemetry::error_chain(&e), "cannot update the member list in the store; trying again")
+            }
+        }
     }
 
     /// A follower's view of the backups: the writer's head object, read once per delta period.
@@ -576,8 +638,22 @@ impl Backup {
         let head_every = self.cfg.delta_period.max(LEADERSHIP_CHECK);
         loop {
             match leads(client).await {
+                Some(Ok(me)) if self.superseded_in.is_some_and(|t| me.raft_term <= t) => {
+                    if said != Some(u64::MAX) {
+                        tracing::warn!(
+                            term = me.raft_term,
+                            head_term = self.superseded_in,
+                            "this member's etcd says it leads, in a raft term the head object's writer already passed: following"
+                        );
+                        said = Some(u64::MAX);
+                    }
+                    self.status.send_modify(|s| s.role = Some("follower".into()));
+                }
                 Some(Ok(me)) => {
                     self.identity = me;
+                    self.superseded_in = None;
+                    self.unanswered = 0;
+                    self.recorded_members = None;
                     tracing::info!("this member's etcd leads: writing backups");
                     let name = format!("{} ({:x})", self.cfg.member_name, me.member_id);
                     self.status.send_modify(|s| {
@@ -872,6 +948,16 @@ impl Backup {
         )
         .await;
         progress.done();
+        // Published (the head, retention) only while this writer still leads. A full that finished
+        // after leadership moved stays in the store, a valid older point of the same history (the
+        // next writer may already continue its chain), but never becomes the head, and a restore
+        // prefers the chain the next writer extends past it (`layout::live_chain`).
+        if let Ok(r) = &result
+            && !self.still_leads(client).await
+        {
+            tracing::warn!(full = %r.name.key(), "this member lost leadership while its full snapshot uploaded: not publishing it (no head, no retention)");
+            return Err(());
+        }
         match result {
             Ok(r) => {
                 let rev = r.name.last_revision();
@@ -900,7 +986,9 @@ impl Backup {
                     at_ms: r.name.created_ms,
                 };
                 self.put_head(store, chain, rev, Some(full), None).await;
-                self.apply_retention(store).await;
+                if self.superseded_in.is_none() {
+                    self.apply_retention(store).await;
+                }
                 Ok(chain)
             }
             Err(err) => {
@@ -914,11 +1002,19 @@ impl Backup {
         let result: Result<usize, crate::store::StoreError> = async {
             // Only what this program wrote: GBR's objects beside it stay as they are.
             let (fulls, chains) = store.own_catalog().await?;
+            // A cluster restore plan not yet applied by every member keeps its chain.
+            let pinned: Vec<ChainId> = match store.current_plan().await? {
+                Some(plan) if !store.retire_plan_if_applied(&plan).await? => {
+                    plan.chain().into_iter().collect()
+                }
+                _ => Vec::new(),
+            };
             let doomed = retention::plan(
                 &fulls,
                 &chains,
                 crate::store::layout::now_ms(),
                 self.cfg.retention,
+                &pinned,
             );
             for key in &doomed {
                 store.delete(key).await?;
@@ -1092,9 +1188,29 @@ impl Backup {
                     let now = leads(client).await;
                     if let Some(Ok(me)) = now {
                         self.identity = me;
+                        self.unanswered = 0;
                         // A repaired member's learner is promoted by the writer too, so a learner
                         // whose own warden died is not left behind.
                         crate::cluster::leadership::promote_caught_up_learners(client).await;
+                        self.keep_members_current(client, store).await;
+                    }
+                    if self.superseded_in.is_some() {
+                        tracing::warn!("a later writer wrote the head object: handing over");
+                        self.status.send_modify(|s| s.role = Some("follower".into()));
+                        return Outcome::Reconnect;
+                    }
+                    if now.is_none() {
+                        self.unanswered += 1;
+                        if self.unanswered >= 3 {
+                            // etcd does not say whether it still leads: another member may, so
+                            // this one stops writing (what it buffered was committed; it goes up
+                            // as the chain's last delta).
+                            tracing::warn!("this member's etcd did not answer three leadership checks in a row: flushing the buffered delta and writing nothing more until it says it leads");
+                            self.flush(store, &mut buf).await;
+                            self.unanswered = 0;
+                            self.status.send_modify(|s| s.role = Some("follower".into()));
+                            return Outcome::Reconnect;
+                        }
                     }
                     if let Some(Err(leader)) = now {
                         tracing::info!(leader = format!("{leader:x}"), "this member's etcd no longer leads: flushing the buffered delta and handing over");
@@ -1400,6 +1516,26 @@ async fn lease_granted_ttl(client: &mut Client, id: i64) -> Result<i64, Outcome>
         }
     }
     Err(Outcome::Reconnect)
+}
+
+/// etcd's member list as the store's cluster record keeps it; `None` when etcd does not answer.
+pub(crate) async fn members_of(client: &mut Client) -> Option<Vec<crate::store::owner::Member>> {
+    let list = tokio::time::timeout(LEADERSHIP_CHECK, client.member_list())
+        .await
+        .ok()?
+        .ok()?;
+    Some(
+        list.members()
+            .iter()
+            .map(|m| crate::store::owner::Member {
+                name: m.name().to_owned(),
+                id: m.id(),
+                peer_urls: m.peer_urls().to_vec(),
+                client_urls: m.client_urls().to_vec(),
+                is_learner: m.is_learner(),
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]

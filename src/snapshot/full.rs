@@ -197,6 +197,7 @@ pub async fn take_full(
         revisions: None,
         events: None,
     };
+    crate::failpoint::pause("full-before-complete").await;
     let stored_bytes = writer.finish(&footer).await?;
     let duration = started.elapsed();
     tracing::info!(

@@ -115,6 +115,47 @@ pub fn legacy_owner(delta: &SnapshotName, fulls: &[SnapshotName]) -> Option<Chai
         })
 }
 
+/// The chain still being written: the one holding the newest object (by creation time) among the
+/// warden's own, when that chain reaches beyond every newer full snapshot. A full that a writer took
+/// just before it lost leadership (its snapshot started before the new writer's later deltas, so it
+/// is older than them, yet names a higher revision than their chain's base) must not pass for the
+/// newest point: the chain the new writer kept extending holds more. `None` when the newest object
+/// is a full, or its chain does not reach further than that full.
+///
+/// Clocks: each object's time is its writer's; a stale full is older than the new writer's deltas
+/// by at least one election plus one delta period, far more than the skew of synced hosts.
+pub fn live_chain(
+    fulls: &[SnapshotName],
+    chains: &std::collections::BTreeMap<ChainId, Vec<SnapshotName>>,
+) -> Option<ChainId> {
+    let own_fulls: Vec<&SnapshotName> = fulls.iter().filter(|f| f.is_own() && f.is_full()).collect();
+    let (chain, newest_delta) = chains
+        .iter()
+        .filter(|(c, _)| own_fulls.iter().any(|f| f.chain() == Some(**c)))
+        .filter_map(|(c, ds)| {
+            ds.iter()
+                .filter(|d| d.is_own() && !d.is_full())
+                .max_by_key(|d| d.created_ms)
+                .map(|d| (*c, d))
+        })
+        .max_by_key(|(_, d)| d.created_ms)?;
+    let reach = chains[&chain]
+        .iter()
+        .map(SnapshotName::last_revision)
+        .max()
+        .unwrap_or(chain.base);
+    // Every full created after the chain's base and before its newest delta, at a revision above
+    // the base, is a full of the same history that the chain outgrew (or it would be newer).
+    let newer: Vec<&&SnapshotName> = own_fulls
+        .iter()
+        .filter(|f| f.last_revision() > chain.base)
+        .collect();
+    let outgrown = newer
+        .iter()
+        .all(|f| f.created_ms < newest_delta.created_ms && f.last_revision() < reach);
+    (!newer.is_empty() && outgrown).then_some(chain)
+}
+
 /// Who wrote an object, and so how its key reads and its bytes decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Layout {

@@ -2,6 +2,11 @@
 //! `v1/cluster-restore/<id>.json` (written create-if-absent), `v1/cluster-restore/current.json`
 //! (the newest plan, read with one GET — never a listing), and one
 //! `v1/cluster-restore/<id>.done-<member>.json` per member that restored by it.
+//!
+//! One plan is pending at a time: a second is refused unless it says `--replace` (members that
+//! applied the first then apply the second too). Once every member it names applied it, the plan
+//! is retired: kept as history (`retired: true`, in both objects), no longer pending, and
+//! retention no longer keeps its chain for it.
 
 use serde::{Deserialize, Serialize};
 
@@ -51,9 +56,23 @@ pub struct Plan {
     /// only its name's lower bound (the database may hold a few revisions more).
     #[serde(default)]
     pub full_only: bool,
+    /// The pending plan this one replaced (`cluster restore --replace`): members restored by that
+    /// one restore by this one too.
+    #[serde(default)]
+    pub replaces: Option<String>,
+    /// Every member applied it: history, no longer pending.
+    #[serde(default)]
+    pub retired: bool,
 }
 
 impl Plan {
+    /// The chain the plan restores from (its full snapshot's).
+    pub fn chain(&self) -> Option<super::ChainId> {
+        super::SnapshotName::parse(&self.full)
+            .ok()
+            .and_then(|n| n.chain())
+    }
+
     /// `--initial-cluster` of the restored cluster.
     pub fn initial_cluster(&self) -> String {
         self.members
@@ -73,12 +92,44 @@ pub struct PlanDone {
 
 impl Store {
     /// Writes `plan` (create-if-absent) and points `current.json` at it; `false` when a plan with
-    /// that id exists already.
+    /// that id exists already. The caller checked that no other plan is pending (or replaces it).
     pub async fn put_plan(&self, plan: &Plan) -> Result<bool, StoreError> {
         if !self.put_json(&key(&plan.id), plan, true).await? {
             return Ok(false);
         }
         self.put_json(&current(), plan, false).await?;
+        Ok(true)
+    }
+
+    /// The members `plan` names that have not restored by it yet.
+    pub async fn plan_waiting_for(&self, plan: &Plan) -> Result<Vec<String>, StoreError> {
+        let mut out = Vec::new();
+        for m in &plan.members {
+            if self.plan_done(&plan.id, &m.name).await?.is_none() {
+                out.push(m.name.clone());
+            }
+        }
+        Ok(out)
+    }
+
+    /// Retires the current plan when every member applied it; `true` when it is (now) retired.
+    pub async fn retire_plan_if_applied(&self, plan: &Plan) -> Result<bool, StoreError> {
+        if plan.retired {
+            return Ok(true);
+        }
+        if !self.plan_waiting_for(plan).await?.is_empty() {
+            return Ok(false);
+        }
+        let retired = Plan {
+            retired: true,
+            ..plan.clone()
+        };
+        self.put_json(&key(&plan.id), &retired, false).await?;
+        // current.json moves on only if it still names this plan (a replacement stays current).
+        if self.current_plan().await?.is_some_and(|c| c.id == plan.id) {
+            self.put_json(&current(), &retired, false).await?;
+        }
+        tracing::info!(plan = %plan.id, "every member restored by the cluster restore plan: retired (kept as history)");
         Ok(true)
     }
 

@@ -59,12 +59,14 @@ impl FromStr for Policy {
     }
 }
 
-/// Keys to delete, given every full snapshot and every delta chain in the store.
+/// Keys to delete, given every full snapshot and every delta chain in the store. `pinned`: chains
+/// kept whole whatever the policy (those a pending cluster restore plan names).
 pub fn plan(
     fulls: &[SnapshotName],
     chains: &BTreeMap<ChainId, Vec<SnapshotName>>,
     now_ms: u64,
     policy: Policy,
+    pinned: &[ChainId],
 ) -> Vec<String> {
     let mut by_rev: Vec<&SnapshotName> = fulls.iter().collect();
     by_rev.sort_by_key(|n| (n.last_revision(), n.created_ms));
@@ -73,6 +75,18 @@ pub fn plan(
     };
     let mut keep: HashSet<String> = HashSet::new();
     keep.insert(newest.key());
+    // The chain still being written after a newer full (`live_chain`: a writer that lost
+    // leadership during its full) and the pinned chains are kept whole.
+    let whole: Vec<ChainId> = super::layout::live_chain(fulls, chains)
+        .into_iter()
+        .chain(pinned.iter().copied())
+        .collect();
+    for f in fulls
+        .iter()
+        .filter(|f| f.chain().is_some_and(|c| whole.contains(&c)))
+    {
+        keep.insert(f.key());
+    }
     let newest_rev = newest.last_revision();
 
     match policy {
@@ -126,7 +140,7 @@ pub fn plan(
         .collect();
     let newest_chain = newest.chain();
     for (chain, deltas) in chains {
-        let keep_chain = if Some(*chain) == newest_chain || chain.base > newest_rev {
+        let keep_chain = if Some(*chain) == newest_chain || chain.base > newest_rev || whole.contains(chain) {
             true // the newest chain, or one started after it whose full is still uploading
         } else {
             kept_fulls
@@ -202,7 +216,7 @@ mod tests {
             .collect();
         assert_eq!(NOW % (24 * HOUR_MS), 8 * HOUR_MS, "the table below assumes 08:00");
         assert_eq!(NOW % (7 * 24 * HOUR_MS), 32 * HOUR_MS, "and 32 h into the week");
-        let deleted = plan(&fulls, &BTreeMap::new(), NOW, Policy::default());
+        let deleted = plan(&fulls, &BTreeMap::new(), NOW, Policy::default(), &[]);
         // Kept ages in half hours.
         let kept: Vec<u64> = fulls
             .iter()
@@ -237,7 +251,7 @@ mod tests {
         let mut chains = BTreeMap::new();
         chains.insert(c100, vec![delta(&fulls[0], 101, 150, 89 * 24 * HOUR_MS)]);
         chains.insert(c50, vec![delta(&fulls[1], 51, 99, 91 * 24 * HOUR_MS)]);
-        let deleted = plan(&fulls, &chains, NOW, Policy::Last(1));
+        let deleted = plan(&fulls, &chains, NOW, Policy::Last(1), &[]);
         assert_eq!(revs(&fulls, &deleted), vec![50]);
         assert!(!deleted.contains(&chains[&c100][0].key()));
         assert!(deleted.contains(&chains[&c50][0].key()));
@@ -251,7 +265,7 @@ mod tests {
         chains.insert(c200, vec![delta(&fulls[1], 201, 299, 2 * HOUR_MS)]);
         chains.insert(c100, vec![delta(&fulls[2], 101, 199, 4 * HOUR_MS)]);
         chains.insert(c300, vec![delta(&fulls[0], 301, 310, 0)]);
-        let deleted = plan(&fulls, &chains, NOW, Policy::Last(2));
+        let deleted = plan(&fulls, &chains, NOW, Policy::Last(2), &[]);
         assert_eq!(revs(&fulls, &deleted), vec![100]);
         assert!(
             deleted.contains(&chains[&c200][0].key()),
@@ -267,8 +281,8 @@ mod tests {
         let uploading = full(120, 0);
         let mut chains = BTreeMap::new();
         chains.insert(chain(&uploading), vec![delta(&uploading, 121, 130, 0)]);
-        assert!(plan(&fulls, &chains, NOW, Policy::Last(1)).is_empty());
-        assert!(plan(&[], &chains, NOW, Policy::Last(1)).is_empty());
+        assert!(plan(&fulls, &chains, NOW, Policy::Last(1), &[]).is_empty());
+        assert!(plan(&[], &chains, NOW, Policy::Last(1), &[]).is_empty());
     }
 
     /// Another history at the newest full's revision (a restore without a bump): its deltas are not
@@ -281,10 +295,49 @@ mod tests {
         let mut chains = BTreeMap::new();
         chains.insert(chain(&newest), vec![delta(&newest, 101, 110, 0)]);
         chains.insert(chain(&other), vec![delta(&other, 101, 120, 30 * 24 * HOUR_MS)]);
-        let deleted = plan(&fulls, &chains, NOW, Policy::Last(1));
+        let deleted = plan(&fulls, &chains, NOW, Policy::Last(1), &[]);
         assert!(!deleted.contains(&chains[&chain(&newest)][0].key()));
         assert!(deleted.contains(&chains[&chain(&other)][0].key()));
         assert!(deleted.contains(&other.key()));
+    }
+
+    /// A writer that lost leadership finished a full (revision 400) after the next writer had
+    /// resumed the older chain (base 100) and went on extending it past 400 for two hours: that
+    /// chain is the live history, and keeps every delta whatever the policy.
+    #[test]
+    fn the_chain_a_new_writer_extends_past_a_stale_full_keeps_its_deltas() {
+        let base = full(100, 3 * HOUR_MS);
+        let stale = full(400, 2 * HOUR_MS + 60_000);
+        let fulls = vec![base, stale];
+        let mut chains = BTreeMap::new();
+        chains.insert(
+            chain(&base),
+            vec![
+                delta(&base, 101, 390, 2 * HOUR_MS + 120_000),
+                delta(&base, 391, 900, 2 * HOUR_MS),
+                delta(&base, 901, 950, 1000),
+            ],
+        );
+        let deleted = plan(&fulls, &chains, NOW, Policy::Last(1), &[]);
+        assert!(
+            deleted.is_empty(),
+            "the live chain (or its full) was deleted: {deleted:?}"
+        );
+        // Once a newer full follows the live chain's deltas, the chain is an old one again.
+        let newer = full(960, 0);
+        let fulls = vec![base, stale, newer];
+        let deleted = plan(&fulls, &chains, NOW, Policy::Last(1), &[]);
+        assert_eq!(revs(&fulls, &deleted), vec![100, 400]);
+    }
+
+    #[test]
+    fn a_pinned_chain_is_kept_whole() {
+        let fulls = vec![full(300, 0), full(100, 40 * 24 * HOUR_MS)];
+        let old = chain(&fulls[1]);
+        let mut chains = BTreeMap::new();
+        chains.insert(old, vec![delta(&fulls[1], 101, 199, 40 * 24 * HOUR_MS)]);
+        assert_eq!(plan(&fulls, &chains, NOW, Policy::Last(1), &[]).len(), 2);
+        assert!(plan(&fulls, &chains, NOW, Policy::Last(1), &[old]).is_empty());
     }
 
     #[test]
