@@ -20,6 +20,7 @@ pub mod restore;
 pub mod run;
 pub mod signals;
 pub mod snapshot;
+pub mod startup;
 pub mod state;
 pub mod store;
 pub mod supervisor;

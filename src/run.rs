@@ -33,9 +33,9 @@ use crate::etcd::Health;
 use crate::ownership::OwnershipStatus;
 use crate::ownership::fence::{self, FenceStatus};
 use crate::pid1::{ExitStatus, InitRole, Reaper};
-use crate::restore::startup::{Decision, RestoreStats};
 use crate::signals::SignalEvent;
 use crate::snapshot::backup::{Backup, BackupHandle, BackupStatus, Control};
+use crate::startup::{Decision, RestoreStats};
 use crate::state::Shared;
 use crate::supervisor::{ChildState, Phase, Request, Supervisor};
 use crate::telemetry::Heartbeat;
@@ -442,8 +442,7 @@ impl Terms {
             .send_replace(Some("checking the data dir".to_owned()));
         let mut joined = None;
         {
-            let prepare =
-                crate::restore::startup::prepare(&self.config, &self.reaper, &self.restoring, &self.member);
+            let prepare = crate::startup::prepare(&self.config, &self.reaper, &self.restoring, &self.member);
             tokio::pin!(prepare);
             let mut beat = tokio::time::interval(Duration::from_secs(1));
             loop {
@@ -553,7 +552,7 @@ impl Terms {
         let data = std::env::current_dir()
             .unwrap_or_else(|_| "/".into())
             .join(&self.config.etcd.data_dir);
-        let to = crate::restore::startup::beside(
+        let to = crate::startup::beside(
             &data,
             &format!(
                 ".left-{}",

@@ -27,7 +27,7 @@ pub struct Shared {
     pub restoring: watch::Receiver<Option<String>>,
     pub ownership: watch::Receiver<OwnershipStatus>,
     pub fence: watch::Receiver<FenceStatus>,
-    pub restores: watch::Receiver<crate::restore::startup::RestoreStats>,
+    pub restores: watch::Receiver<crate::startup::RestoreStats>,
     /// A cluster member's membership state when it holds etcd back: quorum lost, a repair under
     /// way, a learner catching up. `None` otherwise (and always for a single member).
     pub member: watch::Receiver<Option<String>>,

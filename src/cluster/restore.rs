@@ -13,8 +13,8 @@ use tokio::sync::watch;
 
 use crate::config::RunConfig;
 use crate::pid1::Reaper;
-use crate::restore::startup::Decision;
 use crate::restore::{RestoreOptions, Target};
+use crate::startup::Decision;
 use crate::store::plan::{Plan, PlanDone, PlanMember};
 use crate::store::{SnapshotName, Store};
 
@@ -26,7 +26,7 @@ pub struct Marker {
 }
 
 pub fn marker_path(data: &Path) -> PathBuf {
-    crate::restore::startup::beside(data, ".warden-plan.json")
+    crate::startup::beside(data, ".warden-plan.json")
 }
 
 /// The plan this member's data came from, if any.

@@ -139,7 +139,7 @@ async fn attempt(
                 &data,
                 cfg.etcd.wal_path().as_deref(),
                 &cfg.etcd.name,
-                &crate::restore::startup::beside(&data, ".final-snapshot.log"),
+                &crate::startup::beside(&data, ".final-snapshot.log"),
                 false,
             )
             .await?,

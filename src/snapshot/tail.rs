@@ -68,7 +68,7 @@ pub async fn upload_tail(
         &data,
         cfg.etcd.wal_path().as_deref(),
         &cfg.etcd.name,
-        &crate::restore::startup::beside(&data, ".tail.log"),
+        &crate::startup::beside(&data, ".tail.log"),
         false,
     )
     .await?;
