@@ -582,6 +582,10 @@ impl Terms {
         let mut plan_check = tokio::time::interval(PLAN_CHECK);
         plan_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut leaderless_since: Option<Instant> = None;
+        // Set once etcd answered healthy on its data: from then on, a data dir found gone or
+        // broken when etcd dies is a loss to repair, never a new member to respawn empty.
+        let mut health = self.shared.health.clone();
+        let mut had_data = false;
         loop {
             tokio::select! {
                 biased;
@@ -607,17 +611,22 @@ impl Terms {
                         return Served::Repair(killed);
                     }
                 }
-                // A cluster member's etcd died and its data is gone or broken: no respawn on it
-                // (an empty member would bootstrap alone or crash on the peers' log); the start-up
-                // decision runs again and repairs it through the peers.
-                Ok(()) = child.changed(), if cluster => {
+                Ok(()) = health.changed(), if !had_data => {
+                    had_data = health.borrow_and_update().healthy;
+                }
+                // etcd died and its data is gone or broken: no respawn on it (a single member would
+                // come back empty, as if its data were lost, and be backed up so; a cluster member
+                // would bootstrap alone or crash on the peers' log); the start-up decision runs
+                // again: a single member restores from the store, a cluster member repairs through
+                // its peers.
+                Ok(()) = child.changed(), if cluster || had_data => {
                     if child.borrow_and_update().phase != Phase::Backoff || *self.stopping.borrow() {
                         continue;
                     }
                     let data = std::env::current_dir().unwrap_or_else(|_| "/".into()).join(&self.config.etcd.data_dir);
                     let local = crate::cluster::local::check(&crate::etcd::MemberDirs::of(&self.config.etcd));
                     if local != crate::cluster::local::LocalData::Sound {
-                        tracing::error!(data = %data.display(), state = ?local, "etcd died and this member's data is not sound: holding etcd down and deciding again with the peers");
+                        tracing::error!(data = %data.display(), state = ?local, "etcd died and this member's data is not sound: holding etcd down and deciding again (a single member restores from the store, a cluster member repairs through its peers)");
                         let (tx, killed) = tokio::sync::oneshot::channel();
                         let _ = self.requests.send(Request::Fence(tx)).await;
                         return Served::Repair(killed);

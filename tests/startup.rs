@@ -533,3 +533,45 @@ fn a_multi_member_cluster_member_is_never_restored_from_the_store() {
     );
     assert!(s.siblings(".restore-").is_empty());
 }
+
+/// etcd runs on its data; the data dir is deleted and etcd SIGKILLed: the warden does not respawn
+/// an empty etcd (a new member that looks like lost data and would be backed up as such), it
+/// decides again and restores from the store: every key back (as etcdctl reads them), the revision
+/// above every one a client saw (the bump), and the restore counted in /status.
+#[test]
+fn a_data_dir_deleted_under_a_running_etcd_is_restored_when_etcd_dies() {
+    let etcd = default_etcd();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut w, _store) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);
+    for i in 0..50 {
+        etcdctl(&ctl, &ip, &["put", &format!("key{i:02}"), &format!("v{i}")]).unwrap();
+    }
+    let rev = etcd_revision(&ctl, &ip);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
+    });
+    let pid = w.etcd_pid().unwrap();
+    std::fs::remove_dir_all(dir.path().join("data")).unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    wait_for("a restore after etcd died without its data", START, || {
+        (w.status()["restore"]["startup_restores"]["total"].as_u64() >= Some(1)).then_some(())
+    });
+    w.wait_ready(START);
+    let keys = live_keys(&etcd, &ip, "key");
+    assert_eq!(keys.len(), 50, "{keys:?}");
+    assert_eq!(
+        etcdctl(&ctl, &ip, &["get", "key07", "--print-value-only"])
+            .unwrap()
+            .trim(),
+        "v7"
+    );
+    let now = etcd_revision(&ctl, &ip);
+    assert!(
+        now > rev + 1_000,
+        "revision {now} after the restore, {rev} before: not bumped"
+    );
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+}
