@@ -125,6 +125,35 @@ need_etcd37() {
     export ETCD37_BIN="$dir/etcd"
 }
 
+# kube-apiserver 1.37.2, built from k8s.io/kubernetes and its staging modules (builders/kube-apiserver,
+# pinned by v1.37.2.mod): the tests that check what Kubernetes itself sees of a restore. The first
+# build takes long (see the README); it is cached in $ETCD_WARDEN_CACHE/kube-apiserver-<release>
+# and rebuilt only when the wrapper or the pin changes. Exports KUBE_APISERVER_BIN.
+need_kube_apiserver() {
+    local version=1.37.2 src root stamp
+    src="$(cd "$(dirname "${BASH_SOURCE[0]}")/../builders/kube-apiserver" && pwd)"
+    root="${ETCD_WARDEN_CACHE:-$HOME/.cache/etcd-warden}/kube-apiserver-$version"
+    stamp="$(cd "$src" && find . -type f \( -name '*.go' -o -name 'go.mod' -o -name "v$version.*" \) | sort \
+        | xargs sha256sum | sha256sum | cut -d' ' -f1)"
+    if [ ! -x "$root/kube-apiserver" ] || [ "$(cat "$root/builders.sha256" 2>/dev/null)" != "$stamp" ]; then
+        if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then export PATH="/usr/local/go/bin:$PATH"; fi
+        command -v go >/dev/null || die "go not found: kube-apiserver $version is built from its Go modules (install Go 1.26+)"
+        echo "deps: kube-apiserver $version from k8s.io/kubernetes (go build in builders/kube-apiserver; the first build takes minutes)" >&2
+        local started=$SECONDS
+        rm -rf "$root.partial" && mkdir -p "$root.partial"
+        (cd "$src" && CGO_ENABLED=0 go build -modfile="v$version.mod" -trimpath \
+            -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=v$version -X k8s.io/component-base/version.gitMajor=${version%%.*} -X k8s.io/component-base/version.gitMinor=$(echo "$version" | cut -d. -f2) -X k8s.io/client-go/pkg/version.gitVersion=v$version" \
+            -o "$root.partial/kube-apiserver" ./kube-apiserver >&2) \
+            || die "building kube-apiserver $version from its Go modules failed"
+        echo "deps: kube-apiserver $version built in $((SECONDS - started)) s" >&2
+        echo "$stamp" >"$root.partial/builders.sha256"
+        rm -rf "$root" && mv "$root.partial" "$root"
+    fi
+    "$root/kube-apiserver" --version 2>&1 | grep -E "^Kubernetes v${version//./\\.}\$" >/dev/null \
+        || die "$root/kube-apiserver is not kube-apiserver $version (remove $root to build again)"
+    export KUBE_APISERVER_BIN="$root/kube-apiserver"
+}
+
 # Go from Debian sid (golang-1.27-go and its sources), unpacked into a cache: only
 # scripts/gbr-fixture needs it, to build Gardener's etcdbrctl from its vendored sources. Exports GOROOT
 # and puts its go first on PATH.
