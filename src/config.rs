@@ -255,6 +255,11 @@ pub enum BackupsCommand {
         /// age identity file: also decrypt and check the contents of encrypted backups.
         #[arg(long, env = "ETCD_WARDEN_IDENTITY_FILE", value_name = "FILE")]
         identity: Option<PathBuf>,
+        /// kube-apiserver's EncryptionConfiguration: also read every full snapshot and say which
+        /// keys its encrypted values (Secrets encrypted at rest) need, and whether this file holds
+        /// them all (exit 1 when not).
+        #[arg(long, value_name = "FILE")]
+        kube_encryption_config: Option<PathBuf>,
     },
 }
 

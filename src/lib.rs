@@ -10,6 +10,7 @@ pub mod etcd;
 pub mod failpoint;
 pub mod gbr;
 pub mod http;
+pub mod kube;
 pub mod metrics;
 pub mod notify;
 pub mod ownership;

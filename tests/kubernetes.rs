@@ -59,6 +59,11 @@ fn openssl(args: &[&str], dir: &Path) {
 
 impl Kube {
     fn start(ip: &str, etcd_servers: &str) -> Self {
+        Self::start_with(ip, etcd_servers, &[])
+    }
+
+    /// With more flags (e.g. `--encryption-provider-config`).
+    fn start_with(ip: &str, etcd_servers: &str, extra: &[String]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         openssl(&["genrsa", "-out", "sa.key", "2048"], dir.path());
         openssl(&["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"], dir.path());
@@ -85,6 +90,7 @@ impl Kube {
             "--service-cluster-ip-range=10.96.0.0/24",
             "--enable-priority-and-fairness=false",
         ])
+        .args(extra)
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .stdin(Stdio::null());
@@ -514,4 +520,124 @@ fn kube_apiserver_recovers_from_a_cluster_restore_without_a_restart() {
         "a watch from resourceVersion {listed} was not told 410 Gone: {events:?}"
     );
     stop_all(&mut wardens);
+}
+
+/// An EncryptionConfiguration for Secrets with these aescbc keys (the first encrypts), identity last.
+fn encryption_config(path: &Path, keys: &[&str]) {
+    let keys: String = keys
+        .iter()
+        .map(|k| {
+            let secret =
+                base64::Engine::encode(&base64::engine::general_purpose::STANDARD, format!("{k:-<32}"));
+            format!("      - name: {k}\n        secret: {secret}\n")
+        })
+        .collect();
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n  - aescbc:\n      keys:\n{keys}  - identity: {{}}\n"
+        ),
+    )
+    .unwrap();
+}
+
+/// Secrets encrypted at rest by kube-apiserver with key1, then, after a key rotation, with key2:
+/// `backups verify --kube-encryption-config` reads every full and names the keys its values need,
+/// as counted from etcd's own answer (etcdctl), and fails for a configuration that lost key1.
+#[test]
+fn backups_verify_names_the_encryption_keys_each_full_needs() {
+    let etcd = etcd37();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);
+    let one = dir.path().join("key1.yaml");
+    let rotated = dir.path().join("key2-key1.yaml");
+    let lost = dir.path().join("key2.yaml");
+    encryption_config(&one, &["key1"]);
+    encryption_config(&rotated, &["key2", "key1"]);
+    encryption_config(&lost, &["key2"]);
+    let flag = |p: &Path| vec![format!("--encryption-provider-config={}", p.display())];
+    let servers = format!("http://{ip}:2379");
+    let full_now = |w: &Warden| {
+        let before = w.status()["backup"]["fulls_total"].as_u64().unwrap_or(0);
+        w.signal(Signal::SIGUSR1);
+        wait_for("a full snapshot", UP, || {
+            (w.status()["backup"]["fulls_total"].as_u64() > Some(before)).then_some(())
+        });
+    };
+    let secrets = |kube: &Kube, from: usize| {
+        for i in from..from + 20 {
+            kube.json(
+                "POST",
+                "/api/v1/namespaces/w/secrets",
+                Some(&serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+                    "metadata": {"name": format!("s{i:03}")}, "stringData": {"i": i.to_string()}})),
+            );
+        }
+    };
+    {
+        let kube = Kube::start_with(&unique_ip(), &servers, &flag(&one));
+        kube.json(
+            "POST",
+            "/api/v1/namespaces",
+            Some(&serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "w"}})),
+        );
+        secrets(&kube, 0);
+    }
+    full_now(&w);
+    {
+        let kube = Kube::start_with(&unique_ip(), &servers, &flag(&rotated));
+        secrets(&kube, 100);
+    }
+    full_now(&w);
+    // What etcd holds, by etcd's own tool.
+    let out = etcdctl(
+        &ctl,
+        &ip,
+        &["get", "/registry/secrets/", "--prefix", "-w", "json"],
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let mut truth = std::collections::BTreeMap::<String, u64>::new();
+    for kv in v["kvs"].as_array().unwrap() {
+        let value = base64::Engine::decode(
+            &base64::engine::general_purpose::STANDARD,
+            kv["value"].as_str().unwrap(),
+        )
+        .unwrap();
+        let text = String::from_utf8_lossy(&value);
+        let key = ["key1", "key2"]
+            .into_iter()
+            .find(|k| text.starts_with(&format!("k8s:enc:aescbc:v1:{k}:")));
+        *truth.entry(key.unwrap_or("plain").to_owned()).or_default() += 1;
+    }
+    assert_eq!(truth.get("key1"), Some(&20), "{truth:?}");
+    assert_eq!(truth.get("key2"), Some(&20), "{truth:?}");
+    let verify = |config: &Path| {
+        let out = Command::new(WARDEN)
+            .args(["backups", "verify", "--store", &store, "--kube-encryption-config"])
+            .arg(config)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, text) = verify(&rotated);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("needs aescbc:key1 (20), aescbc:key2 (20): all in"),
+        "{text}"
+    );
+    assert!(
+        text.contains("needs aescbc:key1 (20): all in"),
+        "the full before the rotation: {text}"
+    );
+    let (code, text) = verify(&lost);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("aescbc:key1 not in"), "{text}");
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(UP);
 }
