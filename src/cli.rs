@@ -613,15 +613,22 @@ pub async fn verify_deep(
     store_url: String,
     etcd: String,
     identity: Option<PathBuf>,
+    kube_encryption_config: Option<PathBuf>,
     reaper: crate::pid1::Reaper,
 ) -> i32 {
     let keys = match keys(None, None, identity.as_deref()) {
         Ok(k) => k,
         Err(code) => return code,
     };
-    let shallow = verify_cmd(&store_url, false, keys.clone()).await;
+    let mut shallow = verify_cmd(&store_url, false, keys.clone()).await;
     if shallow == EX_USAGE {
         return shallow;
+    }
+    if let Some(config) = &kube_encryption_config {
+        match kube_keys_cmd(&store_url, config, keys.clone()).await {
+            EX_USAGE => return EX_USAGE,
+            code => shallow = shallow.max(code),
+        }
     }
     let store = match open_store(&store_url, keys) {
         Ok(s) => s,

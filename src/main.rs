@@ -25,8 +25,11 @@ fn main() {
             deep: true,
             etcd,
             identity,
+            kube_encryption_config,
             ..
-        }) => with_reaper(|reaper, _signals| cli::verify_deep(store, etcd, identity, reaper)),
+        }) => with_reaper(|reaper, _signals| {
+            cli::verify_deep(store, etcd, identity, kube_encryption_config, reaper)
+        }),
         Command::Backups(cmd) => one_shot(cli::backups(cmd)),
         Command::Restore(args) => restore_command(args),
         Command::Ctl(args) => one_shot_quiet(etcd_warden::ctl::ctl(args)),

@@ -638,6 +638,20 @@ fn backups_verify_names_the_encryption_keys_each_full_needs() {
     let (code, text) = verify(&lost);
     assert_eq!(code, Some(1), "{text}");
     assert!(text.contains("aescbc:key1 not in"), "{text}");
+    // With --deep too.
+    let out = Command::new(WARDEN)
+        .args(["backups", "verify", "--deep", "--store", &store, "--etcd"])
+        .arg(&etcd)
+        .arg("--kube-encryption-config")
+        .arg(&lost)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("aescbc:key1 not in") && text.contains("deep: etcd opened it"),
+        "{text}"
+    );
     w.signal(Signal::SIGTERM);
     w.wait_exit(UP);
 }
