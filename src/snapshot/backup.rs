@@ -207,6 +207,9 @@ pub struct Backup {
     superseded_in: Option<u64>,
     /// Leadership checks in a row that etcd did not answer (a writer stops at three).
     unanswered: u32,
+    /// The chain was resumed only to be closed: a full at once, the old chain's deltas carried up
+    /// to it (membership or auth changed, or the newest full is older than a schedule period).
+    full_asap: bool,
     /// The member list last written to the store's cluster record (clusters).
     recorded_members: Option<Vec<crate::store::owner::Member>>,
     /// The longest back-off after the last failure (see `STORE_RETRY_MAX`).
@@ -251,6 +254,7 @@ impl Backup {
                 head: None,
                 superseded_in: None,
                 unanswered: 0,
+                full_asap: false,
                 recorded_members: None,
                 outside_at_full: None,
                 retry_cap: RETRY_MAX,
@@ -716,6 +720,7 @@ impl Backup {
                 }
             }
         }
+        self.full_asap = false;
         match self.take_full(client, store).await {
             Ok(chain) => Ok((chain, chain.base)),
             Err(()) => Err(()),
@@ -731,6 +736,18 @@ impl Backup {
             tracing::info!("the store has no full snapshot yet: taking one");
             return Ok(None);
         };
+        let base = newest.last_revision();
+        let Some(chain_id) = newest.chain() else {
+            return Ok(None);
+        };
+        let after = chain.last().map(|(n, _)| n.last_revision()).unwrap_or(base);
+        // A status that fails says nothing about etcd being behind: the stream finds out.
+        let current = client
+            .status()
+            .await
+            .ok()
+            .and_then(|s| s.header().map(|h| h.revision()))
+            .unwrap_or(after);
         if let Some(period) = self.schedule_period() {
             let age = SystemTime::now()
                 .duration_since(newest.created())
@@ -740,20 +757,12 @@ impl Backup {
                     age_s = age.as_secs(),
                     "the newest full snapshot is older than one schedule period: taking one"
                 );
-                return Ok(None);
+                if current < after {
+                    return Ok(None);
+                }
+                self.full_asap = true;
             }
         }
-        let base = newest.last_revision();
-        let Some(chain_id) = newest.chain() else {
-            return Ok(None);
-        };
-        let after = chain.last().map(|(n, _)| n.last_revision()).unwrap_or(base);
-        let current = client
-            .status()
-            .await
-            .ok()
-            .and_then(|s| s.header().map(|h| h.revision()))
-            .unwrap_or(0);
         if current < after {
             tracing::warn!(
                 current,
@@ -785,8 +794,11 @@ impl Backup {
         if let (Some(then), Some(now)) = (&recorded, &now)
             && then != now
         {
-            tracing::info!("etcd's membership or auth changed since the newest full snapshot: taking one");
-            return Ok(None);
+            tracing::info!(
+                after,
+                "etcd's membership or auth changed since the newest full snapshot: taking one, the new chain's deltas from the old chain's end"
+            );
+            self.full_asap = true;
         }
         self.outside_at_full = recorded.or(now);
         tracing::info!(base, after, "resuming the newest backup chain");
@@ -1107,6 +1119,11 @@ impl Backup {
         let mut leadership = tokio::time::interval(LEADERSHIP_CHECK);
         leadership.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            if std::mem::take(&mut self.full_asap)
+                && let Some(o) = self.full_during_stream(client, store, &mut buf).await
+            {
+                return o;
+            }
             if self.cfg.full_after_revisions > 0
                 && buf.is_empty()
                 && buf.last() - buf.base() >= self.cfg.full_after_revisions
