@@ -1305,19 +1305,31 @@ impl Backup {
             tracing::warn!(reason = resp.cancel_reason(), "delta watch canceled");
             return Some(Outcome::Reconnect);
         }
-        if let Err(o) = self.append(client, buf, resp.events()).await {
-            self.flush(store, buf).await;
-            return Some(o);
-        }
-        if buf.len() >= self.cfg.delta_max_bytes {
-            let ok = self.flush(store, buf).await;
-            if !ok && buf.len() >= self.cfg.delta_max_bytes {
-                tracing::error!(
-                    bytes = buf.len(),
-                    "delta buffer full and the store is failing: dropping it; a full snapshot follows once the store is back"
-                );
-                drop(buf.take());
-                return Some(Outcome::NeedFull);
+        // One revision at a time: a response that holds many (a watch catching up) is uploaded as
+        // the buffer reaches its bound, never held whole above it.
+        let events = resp.events();
+        let mut from = 0;
+        while from < events.len() {
+            let rev = events[from].kv().map(|kv| kv.mod_revision());
+            let to = events[from..]
+                .iter()
+                .position(|e| e.kv().map(|kv| kv.mod_revision()) != rev)
+                .map_or(events.len(), |n| from + n);
+            if let Err(o) = self.append(client, buf, &events[from..to]).await {
+                self.flush(store, buf).await;
+                return Some(o);
+            }
+            from = to;
+            if buf.len() >= self.cfg.delta_max_bytes {
+                let ok = self.flush(store, buf).await;
+                if !ok && buf.len() >= self.cfg.delta_max_bytes {
+                    tracing::error!(
+                        bytes = buf.len(),
+                        "delta buffer full and the store is failing: dropping it; a full snapshot follows once the store is back"
+                    );
+                    drop(buf.take());
+                    return Some(Outcome::NeedFull);
+                }
             }
         }
         self.status.send_modify(|s| {
