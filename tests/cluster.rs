@@ -1443,10 +1443,6 @@ fn randomized_fault_schedule_against_three_members_under_writes() {
         "{} chains {spans:?}; revisions only in a full's state between chains: {holes:?}; {breaks} breaks counted",
         spans.len()
     );
-    assert!(
-        spans.windows(2).all(|w| w[1].0 > w[0].0),
-        "chains out of order: {spans:?}"
-    );
     // Every write acknowledged more than (delta period + 5 s) before the end is in a restore.
     let (found, _) = keys_after_restore(&etcd, &store, &env, "k");
     let due: Vec<String> = acked
