@@ -149,6 +149,13 @@ impl Kube {
     }
 }
 
+/// A watch's events include the `ERROR` event with code 410 (Gone): the client must relist.
+fn told_gone(events: &[serde_json::Value]) -> bool {
+    events
+        .iter()
+        .any(|e| e["type"] == "ERROR" && e["object"]["code"] == 410)
+}
+
 fn rv(v: &serde_json::Value) -> u64 {
     v["metadata"]["resourceVersion"]
         .as_str()
@@ -248,9 +255,7 @@ fn kube_apiserver_sees_a_crash_restored_by_the_warden_as_newer_and_relists() {
     assert!(rv(&cms) > max_before, "the list's resourceVersion went back");
     let events = kube.watch("/api/v1/namespaces/w/configmaps", &listed.to_string(), 3);
     assert!(
-        events
-            .iter()
-            .any(|e| e["type"] == "ERROR" && e["object"]["code"] == 410),
+        told_gone(&events),
         "a watch from resourceVersion {listed} (before the loss) was not told 410 Gone: {events:?}\n{}",
         kube.log().lines().rev().take(20).collect::<Vec<_>>().join("\n")
     );
@@ -307,12 +312,7 @@ fn without_the_bump_kube_apiserver_hands_out_old_resource_versions_again() {
         "without the bump the restored etcd should continue at the backed-up revision ({after} > {max_before})"
     );
     let events = kube.watch("/api/v1/namespaces/w/configmaps", &listed.to_string(), 3);
-    assert!(
-        !events
-            .iter()
-            .any(|e| e["type"] == "ERROR" && e["object"]["code"] == 410),
-        "{events:?}"
-    );
+    assert!(!told_gone(&events), "{events:?}");
     // What a client reading kube-apiserver's cache sees: printed, for docs/kubernetes.md.
     let (_, cached) = kube.req("GET", "/api/v1/namespaces/w/configmaps?resourceVersion=0", None);
     let cached: serde_json::Value = serde_json::from_str(&cached).unwrap_or_default();
@@ -399,9 +399,7 @@ fn a_point_in_time_restore_brings_a_deleted_namespace_back_and_watchers_relist()
     });
     let events = kube.watch("/api/v1/namespaces/w/configmaps", &listed.to_string(), 3);
     assert!(
-        events
-            .iter()
-            .any(|e| e["type"] == "ERROR" && e["object"]["code"] == 410),
+        told_gone(&events),
         "a watch from resourceVersion {listed} was not told 410 Gone: {events:?}"
     );
     w.signal(Signal::SIGTERM);
@@ -514,9 +512,7 @@ fn kube_apiserver_recovers_from_a_cluster_restore_without_a_restart() {
     );
     let events = kube.watch("/api/v1/namespaces/w/configmaps", &listed.to_string(), 3);
     assert!(
-        events
-            .iter()
-            .any(|e| e["type"] == "ERROR" && e["object"]["code"] == 410),
+        told_gone(&events),
         "a watch from resourceVersion {listed} was not told 410 Gone: {events:?}"
     );
     stop_all(&mut wardens);
