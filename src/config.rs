@@ -323,6 +323,11 @@ pub struct RunOptions {
     /// replay part of a restore (about 4 900 revisions/s on 2 cores); 0 = only on schedule [default: 200000]
     #[arg(long, env = "ETCD_WARDEN_FULL_SNAPSHOT_AFTER_REVISIONS", value_name = "N")]
     pub full_snapshot_after_revisions: Option<i64>,
+    /// kube-apiserver's EncryptionConfiguration: after each full snapshot, check that it holds
+    /// every key the snapshot's encrypted values (Secrets encrypted at rest) need; a missing key
+    /// makes backups unhealthy (never etcd unready). Read afresh at each check [default: off]
+    #[arg(long, env = "ETCD_WARDEN_KUBE_ENCRYPTION_CONFIG", value_name = "FILE")]
+    pub kube_encryption_config: Option<PathBuf>,
     /// Restore drill: restore the newest chain into a scratch dir beside the data dir on this cron
     /// schedule and export the time of the last success [default: off]
     #[arg(long, env = "ETCD_WARDEN_VERIFY_SCHEDULE", value_name = "CRON")]
@@ -510,6 +515,7 @@ impl RunOptions {
             delta_snapshot_max_bytes: self.delta_snapshot_max_bytes.or(file.delta_snapshot_max_bytes),
             retention: self.retention.or(file.retention),
             verify_schedule: self.verify_schedule.or(file.verify_schedule),
+            kube_encryption_config: self.kube_encryption_config.or(file.kube_encryption_config),
             restore_bump_revision: self.restore_bump_revision.or(file.restore_bump_revision),
             cluster_endpoints: self.cluster_endpoints.or(file.cluster_endpoints),
             full_snapshot_after_revisions: self
@@ -788,6 +794,16 @@ impl RunConfig {
             ),
             None => None,
         };
+        let kube_encryption_config = match &o.kube_encryption_config {
+            Some(path) => {
+                crate::kube::encryption::config_keys(path).map_err(|reason| ConfigError::Invalid {
+                    option: "kube-encryption-config",
+                    reason,
+                })?;
+                Some(std::env::current_dir().unwrap_or_default().join(path))
+            }
+            None => None,
+        };
         let backup = BackupConfig {
             credentials: o.store_credentials.clone(),
             store: store.clone(),
@@ -802,6 +818,7 @@ impl RunConfig {
             keys,
             gbr_lease_ttl,
             member_name: etcd.name.clone(),
+            kube_encryption_config: kube_encryption_config.clone(),
             data_dir: std::env::current_dir().unwrap_or_default().join(&etcd.data_dir),
             cluster: etcd
                 .initial_cluster

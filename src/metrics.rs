@@ -135,6 +135,16 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
             .map(|h| vec![(Vec::new(), if h { 1.0 } else { 0.0 })])
             .unwrap_or_default(),
     ));
+    if let Some(k) = &b.kube_keys {
+        out.push(gauge(
+            "etcd_warden_backup_kube_keys_missing",
+            "--kube-encryption-config: key names the newest full snapshot's encrypted values need that the configuration lacks (a restore of it cannot be decrypted); -1 when the check failed.",
+            vec![(
+                Vec::new(),
+                if k.error.is_some() { -1.0 } else { k.missing.len() as f64 },
+            )],
+        ));
+    }
     // Clusters only: who writes, and whether another cluster owns the prefix.
     if let Some(role) = &b.role {
         out.push(gauge(

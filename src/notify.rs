@@ -21,6 +21,15 @@ pub fn status_line(shared: &Shared) -> String {
     };
     let backup = shared.backup.borrow();
     let backups = match (backup.healthy, &backup.last_error) {
+        (Some(false), _) if backup.consecutive_failures == 0 && backup.kube_keys_problem().is_some() => {
+            let short: String = backup
+                .kube_keys_problem()
+                .unwrap_or_default()
+                .chars()
+                .take(120)
+                .collect();
+            format!("; BACKUPS UNUSABLE: {short}")
+        }
         (Some(false), Some(e)) => {
             let short: String = e.chars().take(120).collect();
             format!(

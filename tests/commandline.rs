@@ -153,6 +153,39 @@ fn a_word_no_release_knows_is_refused_with_64_before_anything_is_touched() {
     assert!(left.is_empty(), "nothing created: {left:?}");
 }
 
+/// `--kube-encryption-config` naming a file that is not an EncryptionConfiguration: exit 64 before
+/// etcd starts, the message names the option and the file's kind, nothing created.
+#[test]
+fn a_kube_encryption_config_that_is_no_encryption_configuration_is_refused_with_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(conf.path(), "apiVersion: v1\nkind: Pod\n").unwrap();
+    let data = dir.path().join("data");
+    let out = std::process::Command::new(WARDEN)
+        .current_dir(dir.path())
+        .args(["run", "--listen", &format!("{}:2378", unique_ip())])
+        .args(["--store", &format!("file://{}/store", dir.path().display())])
+        .arg("--kube-encryption-config")
+        .arg(conf.path())
+        .arg("--")
+        .arg(default_etcd())
+        .args(["--data-dir", data.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(
+        err.contains("kube-encryption-config") && err.contains("not an EncryptionConfiguration"),
+        "{err}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "nothing created: {left:?}");
+}
+
 /// etcd's `--config-file` with a `wal-dir`: the warden reads the member from the file (and ignores
 /// the ETCD_* variables etcd ignores then), a restart keeps the member as it was (same id, nothing
 /// moved aside), and a member whose data dir and wal dir are both lost is restored into both.

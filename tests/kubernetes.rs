@@ -537,22 +537,46 @@ fn encryption_config(path: &Path, keys: &[&str]) {
     .unwrap();
 }
 
-/// Secrets encrypted at rest by kube-apiserver with key1, then, after a key rotation, with key2:
-/// `backups verify --kube-encryption-config` reads every full and names the keys its values need,
-/// as counted from etcd's own answer (etcdctl), and fails for a configuration that lost key1.
+/// Secrets encrypted at rest by kube-apiserver with key1, then, after a key rotation, with key2.
+/// `run --kube-encryption-config` checks each full it takes: while the warden's copy of the
+/// configuration lacks key2, the full after the rotation makes backups unhealthy (never etcd
+/// unready), and once the copy holds key2 the next full makes them healthy again. `backups verify
+/// --kube-encryption-config` reads every full and names the keys its values need, as counted from
+/// etcd's own answer (etcdctl), and fails for a configuration that lost key1.
 #[test]
-fn backups_verify_names_the_encryption_keys_each_full_needs() {
+fn the_encryption_keys_each_full_needs_are_checked_by_run_and_by_backups_verify() {
     let etcd = etcd37();
     let ctl = etcdctl_for(&etcd);
     let ip = unique_ip();
     let dir = tempfile::tempdir().unwrap();
-    let (mut w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);
     let one = dir.path().join("key1.yaml");
     let rotated = dir.path().join("key2-key1.yaml");
     let lost = dir.path().join("key2.yaml");
+    let wardens_copy = dir.path().join("warden-encryption.yaml");
     encryption_config(&one, &["key1"]);
     encryption_config(&rotated, &["key2", "key1"]);
     encryption_config(&lost, &["key2"]);
+    std::fs::copy(&one, &wardens_copy).unwrap();
+    let (mut w, store) = warden_with_file_store(
+        &etcd,
+        &ip,
+        dir.path(),
+        &["--kube-encryption-config", wardens_copy.to_str().unwrap()],
+    );
+    // The check of the newest full, once it names that full.
+    let checked = |w: &Warden| {
+        wait_for("the key check of the newest full", UP, || {
+            let s = w.status();
+            let full = s["backup"]["last_full"]["key"].as_str()?.to_owned();
+            (s["backup"]["kube_keys"]["full"].as_str() == Some(full.as_str())).then(|| s["backup"].clone())
+        })
+    };
+    let metric = |w: &Warden| {
+        let (_, text) = w.get("/metrics").unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("etcd_warden_backup_kube_keys_missing "))
+            .map(str::to_owned)
+    };
     let flag = |p: &Path| vec![format!("--encryption-provider-config={}", p.display())];
     let servers = format!("http://{ip}:2379");
     let full_now = |w: &Warden| {
@@ -582,11 +606,59 @@ fn backups_verify_names_the_encryption_keys_each_full_needs() {
         secrets(&kube, 0);
     }
     full_now(&w);
+    let b = checked(&w);
+    assert_eq!(
+        b["kube_keys"]["needed"],
+        serde_json::json!({"aescbc:key1": 20}),
+        "{b}"
+    );
+    assert_eq!(b["kube_keys"]["missing"], serde_json::json!([]), "{b}");
+    assert_eq!(b["healthy"], true, "{b}");
+    assert_eq!(metric(&w).as_deref(), Some("0.0"));
     {
         let kube = Kube::start_with(&unique_ip(), &servers, &flag(&rotated));
         secrets(&kube, 100);
     }
+    // kube-apiserver rotated to key2; the warden's copy still holds key1 only.
     full_now(&w);
+    let b = checked(&w);
+    assert_eq!(
+        b["kube_keys"]["needed"],
+        serde_json::json!({"aescbc:key1": 20, "aescbc:key2": 20}),
+        "{b}"
+    );
+    assert_eq!(
+        b["kube_keys"]["missing"],
+        serde_json::json!(["aescbc:key2"]),
+        "{b}"
+    );
+    assert_eq!(
+        b["healthy"], false,
+        "a full that cannot be decrypted is a backup problem: {b}"
+    );
+    assert!(
+        b["last_error"].as_str().unwrap_or("").contains("aescbc:key2"),
+        "{b}"
+    );
+    assert_eq!(metric(&w).as_deref(), Some("1.0"));
+    assert_eq!(
+        w.get("/readyz").map(|(code, _)| code),
+        Some(200),
+        "a backup problem never makes etcd unready"
+    );
+    // Deltas keep succeeding; backups stay unhealthy until a full passes.
+    let before = w.status()["backup"]["deltas_total"].as_u64().unwrap_or(0);
+    etcdctl(&ctl, &ip, &["put", "/unrelated", "x"]).unwrap();
+    wait_for("a delta after the failed check", UP, || {
+        (w.status()["backup"]["deltas_total"].as_u64() > Some(before)).then_some(())
+    });
+    assert_eq!(w.status()["backup"]["healthy"], false);
+    std::fs::copy(&rotated, &wardens_copy).unwrap();
+    full_now(&w);
+    let b = checked(&w);
+    assert_eq!(b["kube_keys"]["missing"], serde_json::json!([]), "{b}");
+    assert_eq!(b["healthy"], true, "{b}");
+    assert_eq!(metric(&w).as_deref(), Some("0.0"));
     // What etcd holds, by etcd's own tool.
     let out = etcdctl(
         &ctl,
@@ -650,4 +722,62 @@ fn backups_verify_names_the_encryption_keys_each_full_needs() {
     );
     w.signal(Signal::SIGTERM);
     w.wait_exit(UP);
+}
+
+/// The key check reads the full's own revision, page by page past a page's size, and, when etcd
+/// (kube-apiserver compacts every five minutes) has compacted that revision, the current state
+/// instead, saying which revision it read.
+#[test]
+fn the_key_check_reads_the_fulls_revision_or_the_current_one_after_a_compaction() {
+    let etcd = etcd37();
+    let ctl = etcdctl_for(&etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let _e = PlainEtcd::start(&etcd, &ip, &dir.path().join("data"), "k");
+    let rt = rt();
+    let mut client = rt
+        .block_on(etcd_client::Client::connect([format!("http://{ip}:2379")], None))
+        .unwrap();
+    // 1 200 values with key1 (more than two pages), a plain one, then 300 of them moved to key2.
+    rt.block_on(async {
+        for i in 0..1200 {
+            let v = format!("k8s:enc:aescbc:v1:key1:{i}");
+            client
+                .put(format!("/registry/secrets/w/s{i:04}"), v, None)
+                .await
+                .unwrap();
+        }
+        client
+            .put("/registry/configmaps/w/c", "k8s\0plain", None)
+            .await
+            .unwrap();
+    });
+    let full_rev = etcd_revision(&ctl, &ip);
+    rt.block_on(async {
+        for i in 0..300 {
+            let v = format!("k8s:enc:aescbc:v1:key2:{i}");
+            client
+                .put(format!("/registry/secrets/w/s{i:04}"), v, None)
+                .await
+                .unwrap();
+        }
+    });
+    let now = etcd_revision(&ctl, &ip);
+    let needed_at = |rev| {
+        rt.block_on(etcd_warden::kube::encryption::needed_at(&mut client.clone(), rev))
+            .unwrap()
+    };
+    let (at, needed) = needed_at(full_rev);
+    assert_eq!(at, full_rev);
+    assert_eq!(
+        needed.into_iter().collect::<Vec<_>>(),
+        [("aescbc:key1".to_owned(), 1200)]
+    );
+    etcdctl(&ctl, &ip, &["compact", &(now - 1).to_string()]).unwrap();
+    let (at, needed) = needed_at(full_rev);
+    assert_eq!(at, now, "after the compaction the current revision is read");
+    assert_eq!(
+        needed.into_iter().collect::<Vec<_>>(),
+        [("aescbc:key1".to_owned(), 900), ("aescbc:key2".to_owned(), 300)]
+    );
 }

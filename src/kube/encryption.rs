@@ -2,10 +2,15 @@
 //! the ciphertext (`k8s:enc:kms:v2:<name>:` for KMS v2), so a backup restores only with those keys.
 //! This reads which key names the values in a full snapshot need (the newest version of every key,
 //! what a restore serves) and which an `EncryptionConfiguration` holds, so `backups verify
-//! --kube-encryption-config FILE` can say, per full, whether that file still decrypts it.
+//! --kube-encryption-config FILE` can say, per full, whether that file still decrypts it, and `run
+//! --kube-encryption-config FILE` can check each full it takes ([`check_full`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use etcd_client::{Client, GetOptions};
+use serde::Serialize;
 
 use crate::restore::bolt::{BUCKET_LEAF, BoltFile, BucketValue};
 
@@ -143,6 +148,129 @@ pub fn needed_in_db(db: &Path) -> Result<BTreeMap<String, u64>, String> {
         *out.entry(need).or_default() += 1;
     }
     Ok(out)
+}
+
+/// What `run --kube-encryption-config` found for the newest full snapshot (in /status as
+/// `backup.kube_keys`). Missing keys are a backup-health problem, never a readiness one.
+#[derive(Debug, Clone, Serialize)]
+pub struct KeyCheck {
+    /// The full snapshot checked.
+    pub full: String,
+    /// The revision read: the full's own, or etcd's current one when etcd had compacted the full's
+    /// revision before the check read it (said in `note`).
+    pub checked_revision: i64,
+    /// Key name (`aescbc:key1`) → values that need it.
+    pub needed: BTreeMap<String, u64>,
+    /// Needed key names the configuration does not hold: a restore of this full cannot be
+    /// decrypted with it.
+    pub missing: Vec<String>,
+    pub config: PathBuf,
+    #[serde(with = "crate::telemetry::opt_unix_seconds")]
+    pub at: Option<SystemTime>,
+    pub note: Option<String>,
+    /// The check itself failed (the configuration unreadable, etcd unreachable).
+    pub error: Option<String>,
+}
+
+impl KeyCheck {
+    /// Whether the check names a problem with the backup.
+    pub fn problem(&self) -> Option<String> {
+        if let Some(e) = &self.error {
+            return Some(format!(
+                "kube encryption keys of {}: cannot check: {e}",
+                self.full
+            ));
+        }
+        (!self.missing.is_empty()).then(|| {
+            format!(
+                "kube encryption keys: full {} needs {}, not in {}: a restore of it cannot be decrypted with that file (add the key back, or take a full after kube-apiserver re-encrypted every Secret with a key the file holds)",
+                self.full,
+                self.missing.join(", "),
+                self.config.display()
+            )
+        })
+    }
+}
+
+/// Values per page of the range below: bounds the memory of a check to about this many values.
+const PAGE: i64 = 500;
+
+/// The key names the newest values need at `revision`, read from etcd page by page (the state a
+/// full snapshot taken at that revision holds). Returns the revision read: `revision`, or the
+/// current one when etcd had compacted it.
+pub async fn needed_at(
+    client: &mut Client,
+    revision: i64,
+) -> Result<(i64, BTreeMap<String, u64>), etcd_client::Error> {
+    let mut at = revision;
+    let mut from = vec![0u8];
+    let mut out = BTreeMap::new();
+    loop {
+        let opts = GetOptions::new()
+            .with_range(vec![0u8])
+            .with_limit(PAGE)
+            .with_revision(at)
+            .with_serializable();
+        let resp = match client.get(from.clone(), Some(opts)).await {
+            Err(etcd_client::Error::GRpcStatus(s)) if s.message().contains("compacted") && from == [0u8] => {
+                // The full's revision is gone: read the current state once, consistently.
+                at = 0;
+                continue;
+            }
+            r => r?,
+        };
+        if at == 0 {
+            at = resp.header().map(|h| h.revision()).unwrap_or(0);
+        }
+        for kv in resp.kvs() {
+            if let Some(need) = needed_by(kv.value()) {
+                *out.entry(need).or_default() += 1;
+            }
+        }
+        match resp.kvs().last() {
+            Some(last) if resp.more() => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => return Ok((at, out)),
+        }
+    }
+}
+
+/// Checks the full snapshot `full` (taken at `revision`) against the configuration at `config`,
+/// read afresh (keys rotate: the file the operator keeps current is the one that matters).
+pub async fn check_full(client: &mut Client, config: &Path, full: &str, revision: i64) -> KeyCheck {
+    let mut check = KeyCheck {
+        full: full.to_owned(),
+        checked_revision: revision,
+        needed: BTreeMap::new(),
+        missing: Vec::new(),
+        config: config.to_owned(),
+        at: Some(SystemTime::now()),
+        note: None,
+        error: None,
+    };
+    let held = match config_keys(config) {
+        Ok(h) => h,
+        Err(e) => {
+            check.error = Some(e);
+            return check;
+        }
+    };
+    match needed_at(client, revision).await {
+        Ok((at, needed)) => {
+            if at != revision {
+                check.note = Some(format!(
+                    "etcd had compacted revision {revision}: read revision {at} instead"
+                ));
+            }
+            check.checked_revision = at;
+            check.missing = needed.keys().filter(|k| !held.contains(*k)).cloned().collect();
+            check.needed = needed;
+        }
+        Err(e) => check.error = Some(format!("reading etcd: {e}")),
+    }
+    check
 }
 
 #[cfg(test)]

@@ -53,6 +53,9 @@ pub struct BackupConfig {
     pub data_dir: std::path::PathBuf,
     /// This member's `--name`, for the head object.
     pub member_name: String,
+    /// `--kube-encryption-config`: after each full, the key names its encrypted values need are
+    /// checked against this kube-apiserver EncryptionConfiguration (read afresh each time).
+    pub kube_encryption_config: Option<std::path::PathBuf>,
 }
 
 impl BackupConfig {
@@ -162,6 +165,16 @@ pub struct BackupStatus {
     pub in_progress: Option<String>,
     /// Failures by kind ("full", "delta", "retention", "store") and bounded reason.
     pub failures_total: BTreeMap<String, u64>,
+    /// `--kube-encryption-config`: the check of the newest full. Keys it misses keep `healthy`
+    /// false until a later full passes.
+    pub kube_keys: Option<crate::kube::encryption::KeyCheck>,
+}
+
+impl BackupStatus {
+    /// The problem the last encryption-key check found, if any.
+    pub fn kube_keys_problem(&self) -> Option<String> {
+        self.kube_keys.as_ref().and_then(|k| k.problem())
+    }
 }
 
 /// The last defragmentation.
@@ -214,6 +227,8 @@ pub struct Backup {
     recorded_members: Option<Vec<crate::store::owner::Member>>,
     /// The longest back-off after the last failure (see `STORE_RETRY_MAX`).
     retry_cap: Duration,
+    /// The running `--kube-encryption-config` check (one at a time; a newer full replaces it).
+    key_check: Option<tokio::task::JoinHandle<()>>,
 }
 
 fn mtime(path: &std::path::Path) -> Option<SystemTime> {
@@ -258,6 +273,7 @@ impl Backup {
                 recorded_members: None,
                 outside_at_full: None,
                 retry_cap: RETRY_MAX,
+                key_check: None,
             },
             BackupHandle { full, delta, control },
         )
@@ -286,7 +302,9 @@ impl Backup {
             if s.healthy == Some(false) {
                 tracing::info!("backups recovered");
             }
-            s.healthy = Some(true);
+            // An encryption key the newest full needs and the configuration lacks stays a
+            // problem until a later full passes.
+            s.healthy = Some(s.kube_keys_problem().is_none());
             s.consecutive_failures = 0;
             s.last_success_at = Some(SystemTime::now());
         });
@@ -1001,6 +1019,7 @@ impl Backup {
                 if self.superseded_in.is_none() {
                     self.apply_retention(store).await;
                 }
+                self.check_kube_keys(client, &r.name.key(), rev);
                 Ok(chain)
             }
             Err(err) => {
@@ -1008,6 +1027,40 @@ impl Backup {
                 Err(())
             }
         }
+    }
+
+    /// `--kube-encryption-config`: in the background (it reads every value once, page by page), the
+    /// key names the full's encrypted values need, against the configuration's.
+    fn check_kube_keys(&mut self, client: &Client, full: &str, revision: i64) {
+        let Some(config) = self.cfg.kube_encryption_config.clone() else {
+            return;
+        };
+        if let Some(old) = self.key_check.take() {
+            old.abort();
+        }
+        let (mut client, status, full) = (client.clone(), self.status.clone(), full.to_owned());
+        self.key_check = Some(tokio::spawn(async move {
+            let check = crate::kube::encryption::check_full(&mut client, &config, &full, revision).await;
+            match check.problem() {
+                Some(problem) => tracing::error!(full, problem, "backup cannot be decrypted"),
+                None => tracing::info!(
+                    full,
+                    needed = ?check.needed,
+                    revision = check.checked_revision,
+                    "kube encryption keys: the configuration holds every key the full needs"
+                ),
+            }
+            status.send_modify(|s| {
+                if let Some(problem) = check.problem() {
+                    s.healthy = Some(false);
+                    s.last_error = Some(problem);
+                    s.last_error_at = Some(SystemTime::now());
+                } else if s.kube_keys_problem().is_some() && s.consecutive_failures == 0 {
+                    s.healthy = Some(true);
+                }
+                s.kube_keys = Some(check);
+            });
+        }));
     }
 
     async fn apply_retention(&mut self, store: &Store) {
