@@ -396,10 +396,8 @@ pub async fn cluster_restore(args: crate::config::ClusterRestoreArgs) -> i32 {
         Ok(t) => t,
         Err(code) => return code,
     };
-    if (args.bump_revision > 0) != args.mark_compacted || i64::try_from(args.bump_revision).is_err() {
-        eprintln!(
-            "etcd-warden: --bump-revision N (below 2^63) and --mark-compacted go together (as in etcdutl): give both, or neither; nothing was written"
-        );
+    if let Err(e) = bump_of(args.bump_revision, args.mark_compacted) {
+        eprintln!("etcd-warden: {e}; nothing was written");
         return EX_USAGE;
     }
     let req = crate::cluster::restore::PlanRequest {
@@ -500,17 +498,8 @@ pub async fn restore(
         Ok(t) => t,
         Err(code) => return code,
     };
-    if (args.bump_revision > 0) != args.mark_compacted {
-        eprintln!(
-            "etcd-warden: --bump-revision N and --mark-compacted go together (as in etcdutl): give both, or neither; nothing was changed"
-        );
-        return EX_USAGE;
-    }
-    if i64::try_from(args.bump_revision).is_err() {
-        eprintln!(
-            "etcd-warden: --bump-revision {}: too large for etcd's 64-bit revisions",
-            args.bump_revision
-        );
+    if let Err(e) = bump_of(args.bump_revision, args.mark_compacted) {
+        eprintln!("etcd-warden: {e}; nothing was changed");
         return EX_USAGE;
     }
     let data_dir = if args.data_dir.is_absolute() {
@@ -563,7 +552,7 @@ pub async fn restore(
                                     report.revision
                                 ),
                                 _ => println!(
-                                    "NOTE: this is older than the store's newest backup. Restore again with --bump-revision N --mark-compacted (N above the newest backup's revision minus this one) before `etcd-warden run` with this store, or use a new --store: otherwise its start-up check would find the data dir behind and restore the newest backup over it (the dir would be kept aside, not lost)."
+                                    "NOTE: this is older than the store's newest backup. Restore again without --bump-revision 0 (or with a bump above the newest backup's revision minus this one) before `etcd-warden run` with this store, or use a new --store: otherwise its start-up check would find the data dir behind and restore the newest backup over it (the dir would be kept aside, not lost)."
                                 ),
                             }
                         }
@@ -694,4 +683,21 @@ fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {
     ));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
+}
+
+/// `--bump-revision N` (the compaction mark implied) and `--mark-compacted` as `restore` and
+/// `cluster restore` take them.
+fn bump_of(bump: u64, mark_compacted: bool) -> Result<(), String> {
+    if i64::try_from(bump).is_err() {
+        return Err(format!(
+            "--bump-revision {bump}: too large for etcd's 64-bit revisions (write at most 9223372036854775807)"
+        ));
+    }
+    if bump == 0 && mark_compacted {
+        return Err(
+            "--mark-compacted with --bump-revision 0: there is nothing to mark (drop --mark-compacted for an exact copy, or give a bump above 0)"
+                .to_owned(),
+        );
+    }
+    Ok(())
 }

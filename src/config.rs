@@ -82,10 +82,13 @@ pub struct ClusterRestoreArgs {
     /// Restore to the newest delta written at or before this time (RFC 3339).
     #[arg(long, value_name = "RFC3339")]
     pub to_time: Option<String>,
-    /// Raise the restored revision by N (with --mark-compacted), as etcdutl.
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    /// Raise the restored revision by N and mark every revision up to it compacted (etcdutl's
+    /// --bump-revision N --mark-compacted), as the automatic restore of `run` does: clients that
+    /// saw newer revisions are never handed those numbers again, and watchers from before are told
+    /// to relist. 0 restores an exact copy.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_RESTORE_BUMP)]
     pub bump_revision: u64,
-    /// Mark every revision up to the bumped one compacted (required with --bump-revision > 0).
+    /// Accepted for etcdutl's spelling: implied by a --bump-revision above 0.
     #[arg(long)]
     pub mark_compacted: bool,
     /// The members, name=peer-url,... [default: the member list the store recorded]
@@ -181,11 +184,13 @@ pub struct RestoreArgs {
     /// age identity file, for backups written with --encrypt-to.
     #[arg(long, env = "ETCD_WARDEN_IDENTITY_FILE", value_name = "FILE")]
     pub identity: Option<PathBuf>,
-    /// Raise the restored revision by N (with --mark-compacted), as etcdutl: clients that saw newer
-    /// revisions than the backup are never handed those numbers again.
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    /// Raise the restored revision by N and mark every revision up to it compacted (etcdutl's
+    /// --bump-revision N --mark-compacted), as the automatic restore of `run` does: clients that
+    /// saw newer revisions are never handed those numbers again, and watchers from before are told
+    /// to relist. 0 restores an exact copy.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_RESTORE_BUMP)]
     pub bump_revision: u64,
-    /// Mark every revision up to the bumped one compacted (required with --bump-revision > 0).
+    /// Accepted for etcdutl's spelling: implied by a --bump-revision above 0.
     #[arg(long)]
     pub mark_compacted: bool,
     /// TTL of a lease that an etcd-backup-restore delta names: GBR records no TTL (one the full

@@ -944,7 +944,7 @@ fn a_leader_cut_off_by_iptables_for_30s_writes_nothing_the_majority_lacks_and_re
     // Every object's revisions are the majority's history: a restore hashes like the live cluster.
     let restored = dir.path().join("restored");
     let out = Command::new(WARDEN)
-        .args(["restore", "--store", &store, "--data-dir"])
+        .args(["restore", "--bump-revision", "0", "--store", &store, "--data-dir"])
         .arg(&restored)
         .args(["--name", "m1", "--etcd"])
         .arg(&etcd)
@@ -1460,7 +1460,7 @@ fn randomized_fault_schedule_against_three_members_under_writes() {
     // The newest point hashes like the live cluster.
     let restored = dir.path().join("restored");
     let out = Command::new(WARDEN)
-        .args(["restore", "--store", &store, "--data-dir"])
+        .args(["restore", "--bump-revision", "0", "--store", &store, "--data-dir"])
         .arg(&restored)
         .args(["--name", "r", "--etcd"])
         .arg(&etcd)

@@ -663,6 +663,8 @@ fn a_cluster_on_a_gbr_prefix_never_bootstraps_empty_and_one_cluster_restore_brin
         .args([
             "cluster",
             "restore",
+            "--bump-revision",
+            "0",
             "--store",
             &url,
             "--initial-cluster",

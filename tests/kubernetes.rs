@@ -361,14 +361,9 @@ fn a_point_in_time_restore_brings_a_deleted_namespace_back_and_watchers_relist()
     w.wait_exit(UP);
     let data = dir.path().join("data");
     std::fs::rename(&data, dir.path().join("data.before-restore")).unwrap();
-    let out = restore_command(&store, &data, &etcd, &ip, &[])
-        .args([
-            "--to-time",
-            &before,
-            "--bump-revision",
-            "1000000",
-            "--mark-compacted",
-        ])
+    // restore's defaults: the revision raised and marked compacted.
+    let out = restore_command_bumped(&store, &data, &etcd, &ip, &[])
+        .args(["--to-time", &before])
         .output()
         .unwrap();
     assert!(
@@ -464,15 +459,7 @@ fn kube_apiserver_recovers_from_a_cluster_restore_without_a_restart() {
         });
     }
     let out = Command::new(WARDEN)
-        .args([
-            "cluster",
-            "restore",
-            "--store",
-            &store,
-            "--bump-revision",
-            "1000000",
-            "--mark-compacted",
-        ])
+        .args(["cluster", "restore", "--store", &store])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

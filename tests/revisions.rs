@@ -182,10 +182,17 @@ fn etcd_3_7_automatic_restore_never_reuses_a_revision_a_client_saw() {
 }
 
 fn restore_cli(store: &str, data: &Path, etcd: &Path, ip: &str, extra: &[&str]) -> String {
-    let out = restore_command(store, data, etcd, ip, &[])
-        .args(extra)
-        .output()
-        .unwrap();
+    // An exact copy unless the caller names a bump (or `--defaults`: restore's own default bump).
+    let bumped = extra
+        .iter()
+        .any(|a| *a == "--bump-revision" || *a == "--defaults");
+    let extra: Vec<&str> = extra.iter().copied().filter(|a| *a != "--defaults").collect();
+    let mut cmd = if bumped {
+        restore_command_bumped(store, data, etcd, ip, &[])
+    } else {
+        restore_command(store, data, etcd, ip, &[])
+    };
+    let out = cmd.args(&extra).output().unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -209,8 +216,8 @@ fn served(etcd: &Path, data: &Path, ip: &str) -> (i64, u32) {
 
 /// The bump written by the warden's bbolt writer is the one etcdutl writes: the same snapshot
 /// restored by `etcdutl snapshot restore --bump-revision --mark-compacted` serves the same
-/// revision with the same HashKV. `--bump-revision` without `--mark-compacted` is refused, as
-/// etcdutl refuses it.
+/// revision with the same HashKV (the compaction mark is implied by the bump; `--mark-compacted`
+/// with `--bump-revision 0` is refused).
 #[test]
 fn bump_equals_etcdutls_own() {
     let etcd = default_etcd();
@@ -250,22 +257,20 @@ fn bump_equals_etcdutls_own() {
     let refused = Command::new(WARDEN)
         .args(["restore", "--store", &store, "--data-dir"])
         .arg(dir.path().join("refused"))
-        .args(["--bump-revision", n])
+        .args(["--bump-revision", "0", "--mark-compacted"])
         .output()
         .unwrap();
-    assert_eq!(refused.status.code(), Some(64), "--bump-revision alone");
+    assert_eq!(
+        refused.status.code(),
+        Some(64),
+        "--mark-compacted with nothing to mark"
+    );
     assert!(!dir.path().join("refused").exists());
 
     // Both restored for, and served on, one other address in turn.
     let ip = unique_ip();
     let ours = dir.path().join("ours");
-    let out = restore_cli(
-        &store,
-        &ours,
-        &etcd,
-        &ip,
-        &["--bump-revision", n, "--mark-compacted"],
-    );
+    let out = restore_cli(&store, &ours, &etcd, &ip, &["--bump-revision", n]);
     assert!(
         out.contains(&format!("revision bumped by {n} to {}", r + 1_000_000)),
         "{out}"
@@ -329,19 +334,15 @@ fn point_in_time_restore_then_run_keeps_it_and_starts_a_new_chain() {
     w.wait_exit(START);
 
     let data: PathBuf = dir.path().join("pit-data");
-    let bump = 1_000_000;
+    // restore's defaults: the revision raised by 1 000 000 000 and marked compacted, so `run` keeps
+    // what the operator chose.
+    let bump = 1_000_000_000;
     let out = restore_cli(
         &store,
         &data,
         &etcd,
         &ip,
-        &[
-            "--to-revision",
-            &mid.to_string(),
-            "--bump-revision",
-            &bump.to_string(),
-            "--mark-compacted",
-        ],
+        &["--to-revision", &mid.to_string(), "--defaults"],
     );
     assert!(out.contains("above the store's newest backup"), "{out}");
 

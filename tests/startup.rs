@@ -335,7 +335,14 @@ fn a_drill_that_does_not_reproduce_the_live_history_says_so() {
     let back_to = newest - 3;
     std::fs::remove_dir_all(s.data()).unwrap();
     let out = std::process::Command::new(WARDEN)
-        .args(["restore", "--store", &s.store, "--data-dir"])
+        .args([
+            "restore",
+            "--bump-revision",
+            "0",
+            "--store",
+            &s.store,
+            "--data-dir",
+        ])
         .arg(s.data())
         .args(["--to-revision", &back_to.to_string(), "--name", "m1"])
         .args(["--initial-cluster", &format!("m1=http://{}:2380", s.ip)])

@@ -514,7 +514,23 @@ pub fn etcd_revision(etcdctl_bin: &Path, ip: &str) -> i64 {
 }
 
 /// `etcd-warden restore` of the newest chain of `store` into `restored`, as member m1 on `ip`.
+/// `etcd-warden restore` of `store` into `restored` for a member `m1` on `ip`: an exact copy
+/// (`--bump-revision 0`), what etcdutl restores, for comparisons with etcd's own tools.
 pub fn restore_command(
+    store: &str,
+    restored: &Path,
+    etcd: &Path,
+    ip: &str,
+    env: &[(&str, String)],
+) -> Command {
+    let mut restore = restore_command_bumped(store, restored, etcd, ip, env);
+    restore.args(["--bump-revision", "0"]);
+    restore
+}
+
+/// The same with restore's defaults: the revision raised by 1 000 000 000 and marked compacted
+/// (or with the `--bump-revision` the caller adds).
+pub fn restore_command_bumped(
     store: &str,
     restored: &Path,
     etcd: &Path,
@@ -730,7 +746,7 @@ pub fn restored_etcd(etcd: &Path, store: &str, envs: &[(&str, String)]) -> Resto
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("restored");
     let out = Command::new(WARDEN)
-        .args(["restore", "--store", store, "--data-dir"])
+        .args(["restore", "--bump-revision", "0", "--store", store, "--data-dir"])
         .arg(&data)
         .args(["--name", "m1", "--etcd"])
         .arg(etcd)
