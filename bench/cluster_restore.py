@@ -103,7 +103,7 @@ def main():
             poll(f"m{i} to say quorum lost",
                  lambda i=i: "quorum lost" in get(f"http://{IPS[i]}:2378/readyz")[1], timeout=120)
         t = time.monotonic()
-        subprocess.run([a.warden, "cluster", "restore", "--store", store], capture_output=True, check=True)
+        subprocess.run([a.warden, "cluster", "restore", "--store", store, "--bump-revision", "0"], capture_output=True, check=True)
         for i in range(3):
             poll(f"m{i} ready after the cluster restore",
                  lambda i=i: get(f"http://{IPS[i]}:2378/readyz")[0] == 200, timeout=1800, every=0.05)

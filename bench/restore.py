@@ -197,8 +197,10 @@ def prepare(a, tmp, store, etcd_flags, ctl, bindir):
 
 
 def run(a, tmp, store, etcd_flags, ctl, bindir, base, final, want, snap):
-    restore_flags = ["--name", "m1", "--initial-cluster", f"m1=http://{IP}:2380",
-                     "--initial-advertise-peer-urls", f"http://{IP}:2380", "--etcd", a.etcd]
+    member_flags = ["--name", "m1", "--initial-cluster", f"m1=http://{IP}:2380",
+                    "--initial-advertise-peer-urls", f"http://{IP}:2380", "--etcd", a.etcd]
+    # An exact copy, as etcdutl restores without flags (restore's default raises the revision).
+    restore_flags = [*member_flags, "--bump-revision", "0"]
 
     def check(out):
         """etcd on the restored dir holds the original history, byte for byte."""
@@ -230,7 +232,7 @@ def run(a, tmp, store, etcd_flags, ctl, bindir, base, final, want, snap):
         # The same with the revision bump an automatic restore does (--restore-bump-revision).
         out = os.path.join(tmp, f"b{r}")
         p = subprocess.run(["/usr/bin/time", "-f", "@@%e %M", a.warden, "restore", "--store", store, "--data-dir", out,
-                            *restore_flags, "--bump-revision", "1000000000", "--mark-compacted"],
+                            *member_flags, "--bump-revision", "1000000000"],
                            env=dict(os.environ, RUST_LOG="info"), capture_output=True, text=True)
         if p.returncode != 0:
             raise SystemExit(f"bumped restore failed: {p.stderr[-3000:]}")

@@ -115,7 +115,7 @@ def main():
             for kind, warden, url in runs:
                 out = os.path.join(tmp, f"{kind}{r}")
                 t = time.monotonic()
-                p = subprocess.run([warden, "restore", "--store", url, "--data-dir", out, "--name", "m1",
+                p = subprocess.run([warden, "restore", "--bump-revision", "0", "--store", url, "--data-dir", out, "--name", "m1",
                                     "--etcd", a.etcd], env=s3, capture_output=True, text=True)
                 res[kind].append(time.monotonic() - t)
                 if p.returncode != 0:
