@@ -16,7 +16,23 @@ use std::path::{Path, PathBuf};
 /// Bad usage or configuration.
 pub const EX_USAGE: i32 = 64;
 
+/// The store of a command that reads it (list, verify, restore, cluster restore): a local
+/// directory that does not exist is an error (a typo), never created.
 fn open_store(url: &str, keys: Keys) -> Result<Store, i32> {
+    if let Ok(StoreUrl::File { path }) = url.parse::<StoreUrl>()
+        && !path.is_dir()
+    {
+        eprintln!(
+            "etcd-warden: --store {url}: {} is not a directory, so it holds no backups (check the path; nothing was created)",
+            path.display()
+        );
+        return Err(EX_USAGE);
+    }
+    open_store_for_writing(url, keys)
+}
+
+/// The store of `snapshot`, which creates a local directory that does not exist yet.
+fn open_store_for_writing(url: &str, keys: Keys) -> Result<Store, i32> {
     let parsed: StoreUrl = url.parse().map_err(|e| {
         eprintln!("etcd-warden: --store {e}");
         EX_USAGE
@@ -45,7 +61,7 @@ pub async fn snapshot(args: SnapshotArgs) -> i32 {
         Ok(k) => k,
         Err(code) => return code,
     };
-    let store = match open_store(&args.store, keys) {
+    let store = match open_store_for_writing(&args.store, keys) {
         Ok(s) => s,
         Err(code) => return code,
     };

@@ -57,12 +57,23 @@ fn clap_error(err: clap::Error) -> i32 {
         };
     }
     let rendered = err.render().to_string();
-    let mut parts: Vec<&str> = rendered
-        .lines()
-        .map(str::trim)
-        .filter(|l| l.starts_with("error:") || l.starts_with("tip:"))
-        .map(|l| l.trim_start_matches("error:").trim())
-        .collect();
+    // The error line, the lines indented under it (the missing arguments), and the tips.
+    let mut parts: Vec<&str> = Vec::new();
+    let mut under_error = false;
+    for line in rendered.lines() {
+        let t = line.trim();
+        if let Some(e) = t.strip_prefix("error:") {
+            parts.push(e.trim().trim_end_matches(':'));
+            under_error = true;
+        } else if under_error && line.starts_with(char::is_whitespace) && !t.is_empty() {
+            parts.push(t);
+        } else {
+            under_error = false;
+            if t.starts_with("tip:") {
+                parts.push(t);
+            }
+        }
+    }
     if parts.is_empty() {
         parts.push(rendered.trim());
     }

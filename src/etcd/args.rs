@@ -66,6 +66,10 @@ pub enum ArgsError {
         "etcd flag --{flag} is not a flag of etcd {releases} (check its spelling; if your etcd has it, write --{flag}=VALUE so that it cannot take the next word as its value)"
     )]
     UnknownFlag { flag: String, releases: String },
+    #[error(
+        "--{flag} after `--` goes to etcd, which has no such flag; it is an etcd-warden option: put it before `--` (etcd-warden run --{flag} … -- etcd …)"
+    )]
+    WardenFlag { flag: String },
     #[error("etcd flag --{flag}={value:?}: not a boolean (use true or false)")]
     BadBool { flag: String, value: String },
     #[error("etcd --config-file {path:?}: {reason}")]
@@ -274,6 +278,15 @@ fn parse_urls(source_name: &str, value: &str) -> Result<Vec<Url>, ArgsError> {
         .collect()
 }
 
+/// Whether `name` is a long option of `etcd-warden run` (given after `--` by mistake).
+fn is_warden_option(name: &str) -> bool {
+    let cli = <crate::config::Cli as clap::CommandFactory>::command();
+    cli.find_subcommand("run").is_some_and(|run| {
+        run.get_arguments()
+            .any(|a| a.get_long() == Some(name) || a.get_all_aliases().is_some_and(|al| al.contains(&name)))
+    })
+}
+
 /// Go's flag package: `-f`, `--f`, `-f=v`, `--f=v`, `-f v`; bools never consume the next word;
 /// `--` or the first non-flag word ends the flags.
 fn collect_flags<S: AsRef<str>>(args: &[S]) -> Result<HashMap<String, String>, ArgsError> {
@@ -286,6 +299,12 @@ fn collect_flags<S: AsRef<str>>(args: &[S]) -> Result<HashMap<String, String>, A
             break;
         }
         let body = arg.trim_start_matches('-');
+        let word = body.split_once('=').map_or(body, |(n, _)| n);
+        if flags::lookup(word).is_none() && is_warden_option(word) {
+            return Err(ArgsError::WardenFlag {
+                flag: word.to_owned(),
+            });
+        }
         let (name, value) = match body.split_once('=') {
             Some((n, v)) => (n.to_owned(), v.to_owned()),
             None => match flags::lookup(body).map(|f| f.kind) {
@@ -412,6 +431,11 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("--unsafe-no-fsnyc=VALUE"), "{err}");
+        for word in ["--store", "--delta-snapshot-period=5s"] {
+            let err = EtcdArgs::parse(&["--data-dir", "/x", word, "file:///b"], &env(&[])).unwrap_err();
+            assert!(matches!(&err, ArgsError::WardenFlag { .. }), "{word}: {err}");
+            assert!(err.to_string().contains("put it before `--`"), "{err}");
+        }
         let a = EtcdArgs::parse(&["--some-future-flag=3", "--data-dir", "/x"], &env(&[])).unwrap();
         assert_eq!(a.data_dir, PathBuf::from("/x"));
     }

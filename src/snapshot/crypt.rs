@@ -183,7 +183,7 @@ impl Opener {
     pub fn new(identities: Arc<Vec<Identity>>) -> io::Result<Self> {
         if identities.is_empty() {
             return Err(io::Error::other(
-                "the snapshot is encrypted with age and no identity was given (pass --identity FILE)",
+                "the snapshot is encrypted with age and no identity was given (pass --identity-file FILE)",
             ));
         }
         let (input, rx) = mpsc::channel::<Vec<u8>>();
