@@ -228,7 +228,7 @@ fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds
     ]);
     assert_eq!(probe.trim(), "ready");
 
-    // SIGUSR1 through podman: one more full snapshot in the default store (file://<data-dir>.backups).
+    // SIGUSR1 through podman: one more full snapshot in the image's store, its own volume.
     let fulls = wait_for(
         "the first full snapshot (the store starts empty)",
         Duration::from_secs(30),
@@ -247,7 +247,10 @@ fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds
             (st["backup"]["fulls_total"].as_u64() > Some(fulls)).then_some(st)
         },
     );
-    assert_eq!(st["backup"]["store"], "file:///var/lib/etcd/m1.backups", "{st}");
+    assert_eq!(
+        st["backup"]["store"], "file:///var/lib/etcd-backups",
+        "backups off the data volume: {st}"
+    );
     assert_eq!(st["backup"]["healthy"], true, "{st}");
 
     // An orphan: `podman exec` starts a shell from outside the container's PID namespace; the `sleep`
