@@ -234,10 +234,37 @@ fn bad_input_exits_64_with_one_line_and_touches_nothing() {
             want: "lz4",
         },
         Case {
+            name: "a warden option after --",
+            args: with(&[], &["--delta-snapshot-period=5s"]),
+            env: vec![],
+            want: "--delta-snapshot-period after `--` goes to etcd, which has no such flag; it is an etcd-warden option: put it before `--`",
+        },
+        Case {
+            name: "a missing required argument",
+            args: vec![
+                "restore".into(),
+                "--store".into(),
+                format!("file://{}", d.display()),
+            ],
+            env: vec![],
+            want: "the following required arguments were not provided; --data-dir <DIR>",
+        },
+        Case {
+            name: "a read command on a file store that does not exist",
+            args: vec![
+                "backups".into(),
+                "list".into(),
+                "--store".into(),
+                format!("file://{}", data.display()),
+            ],
+            env: vec![],
+            want: "is not a directory, so it holds no backups (check the path; nothing was created)",
+        },
+        Case {
             name: "bad age recipient",
             args: with(&["--encrypt-to", "age1notakey"], &[]),
             env: vec![],
-            want: "--encrypt-to: --encrypt-to: \"age1notakey\" is not an age X25519 recipient",
+            want: "etcd-warden: --encrypt-to: \"age1notakey\" is not an age X25519 recipient",
         },
         Case {
             name: "missing recipients file",
