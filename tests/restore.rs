@@ -547,6 +547,16 @@ fn bad_restore_input_is_refused_and_changes_nothing() {
     std::fs::write(target.join("keep-me"), "x").unwrap();
     let ip = unique_ip();
 
+    // A store directory that does not exist (a typo) is named, and not created.
+    let (code, out) = restore_cli(&store, &dir.path().join("fresh"), &etcd, &ip, &[]);
+    assert_eq!(code, 64, "{out}");
+    assert!(
+        out.contains("is not a directory, so it holds no backups"),
+        "{out}"
+    );
+    assert!(!dir.path().join("empty-store").exists(), "the store was created");
+    std::fs::create_dir(dir.path().join("empty-store")).unwrap();
+
     let (code, out) = restore_cli(&store, &target, &etcd, &ip, &[]);
     assert_eq!(code, 64, "{out}");
     assert!(out.contains("not empty"), "{out}");
