@@ -145,7 +145,12 @@ fn a_word_no_release_knows_is_refused_with_64_before_anything_is_touched() {
         "the message names the word: {err}"
     );
     assert!(err.contains("--unsafe-no-fsnyc=VALUE"), "and the fix: {err}");
-    let left: Vec<_> = std::fs::read_dir(dir.path())
+    assert_nothing_in(dir.path());
+}
+
+/// A refused command created nothing in `dir`.
+fn assert_nothing_in(dir: &Path) {
+    let left: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .flatten()
         .map(|e| e.path())
@@ -178,12 +183,7 @@ fn a_kube_encryption_config_that_is_no_encryption_configuration_is_refused_with_
         err.contains("kube-encryption-config") && err.contains("not an EncryptionConfiguration"),
         "{err}"
     );
-    let left: Vec<_> = std::fs::read_dir(dir.path())
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    assert!(left.is_empty(), "nothing created: {left:?}");
+    assert_nothing_in(dir.path());
 }
 
 /// etcd's `--config-file` with a `wal-dir`: the warden reads the member from the file (and ignores
