@@ -6,6 +6,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod ctl;
+pub mod envvars;
 pub mod etcd;
 pub mod failpoint;
 pub mod gbr;

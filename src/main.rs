@@ -16,8 +16,17 @@ fn main() {
         Ok(cli) => cli,
         Err(err) => exit(clap_error(err)),
     };
+    let env_names: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .collect();
+    let env_warnings = etcd_warden::envvars::unknown(env_names.iter().map(String::as_str));
+    if !matches!(cli.command, Command::Run(_)) {
+        for w in &env_warnings {
+            eprintln!("etcd-warden: warning: {w}");
+        }
+    }
     let code = match cli.command {
-        Command::Run(args) => run_command(*args),
+        Command::Run(args) => run_command(*args, &env_warnings),
         Command::Probe(args) => probe_command(args),
         Command::Snapshot(args) => one_shot(cli::snapshot(args)),
         Command::Backups(etcd_warden::config::BackupsCommand::Verify {
@@ -81,16 +90,22 @@ fn clap_error(err: clap::Error) -> i32 {
     EX_USAGE
 }
 
-fn run_command(args: RunArgs) -> i32 {
+fn run_command(args: RunArgs, env_warnings: &[String]) -> i32 {
     let env: HashMap<String, String> = std::env::vars().collect();
     let config = match RunConfig::from_args(args, &env) {
         Ok(c) => c,
         Err(err) => {
+            for w in env_warnings {
+                eprintln!("etcd-warden: warning: {w}");
+            }
             eprintln!("etcd-warden: {err}");
             return EX_USAGE;
         }
     };
     telemetry::init_logging(config.log_format);
+    for w in env_warnings {
+        tracing::warn!("{w}");
+    }
 
     let reaper = pid1::Reaper::new();
     let role = match pid1::become_reaper() {

@@ -473,3 +473,42 @@ fn probe_exits_0_only_when_ready() {
     );
     assert!(err.contains("503"), "{err}");
 }
+
+/// A misspelled `ETCD_WARDEN_*` variable is named with the closest real one, on every command
+/// (on `run` also when the start is refused for another reason); real names raise no warning.
+#[test]
+fn a_misspelled_warden_variable_is_named_with_the_closest_real_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().display());
+    let out = Command::new(WARDEN)
+        .args(["backups", "list", "--store", &store])
+        .env("ETCD_WARDEN_STOER", "file:///elsewhere")
+        .env("ETCD_WARDEN_LISTEN", "127.0.0.1:1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("ETCD_WARDEN_STOER is not one etcd-warden reads")
+            && stderr.contains("did you mean ETCD_WARDEN_STORE?"),
+        "no hint for the typo: {stderr}"
+    );
+    assert!(
+        !stderr.contains("ETCD_WARDEN_LISTEN"),
+        "a real name was warned about: {stderr}"
+    );
+
+    let out = Command::new(WARDEN)
+        .args(["run", "--listen", &format!("{}:2378", unique_ip())])
+        .args(["--", "etcd"])
+        .env("ETCD_WARDEN_STOP_TIMOUT", "5s")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("did you mean ETCD_WARDEN_STOP_TIMEOUT?"),
+        "run's refusal lacks the hint: {stderr}"
+    );
+}
