@@ -39,7 +39,13 @@ fn open_store_for_writing(url: &str, keys: Keys) -> Result<Store, i32> {
     })?;
     Store::open(&parsed).map(|s| s.with_keys(keys)).map_err(|e| {
         eprintln!("etcd-warden: {}", crate::telemetry::error_chain(&e));
-        1
+        // A store that cannot be configured (no credentials, a bad setting) is the user's to fix.
+        match e {
+            crate::store::StoreError::NoCredentials { .. } | crate::store::StoreError::Configure { .. } => {
+                EX_USAGE
+            }
+            _ => 1,
+        }
     })
 }
 

@@ -805,10 +805,19 @@ impl RunConfig {
             }
         }
 
-        if let Some(path) = &o.store_credentials {
-            crate::store::read_credentials(path).map_err(|e| ConfigError::Invalid {
+        let extra = match &o.store_credentials {
+            Some(path) => crate::store::read_credentials(path).map_err(|e| ConfigError::Invalid {
                 option: "store-credentials",
                 reason: e.to_string(),
+            })?,
+            None => Vec::new(),
+        };
+        // A cloud store's client is built here (nothing is contacted) so that missing credentials
+        // or a bad setting stop the start before etcd runs; a file store is left to be created later.
+        if !matches!(store, StoreUrl::File { .. }) {
+            crate::store::Store::open_with(&store, &extra).map_err(|e| ConfigError::Invalid {
+                option: "store",
+                reason: crate::telemetry::error_chain(&e),
             })?;
         }
         let verify_schedule = match &o.verify_schedule {

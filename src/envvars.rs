@@ -6,13 +6,14 @@ use clap::CommandFactory;
 
 use crate::config::Cli;
 
-/// Variables read outside clap's definitions: test failpoints, the restore path switch and the
-/// reference generator's switch.
+/// Variables read outside clap's definitions: test failpoints, the restore path switch, the
+/// reference generator's switch, and the commit the build stamps (cargo sets it for tests too).
 const INTERNAL: &[&str] = &[
     "ETCD_WARDEN_FAILPOINT",
     "ETCD_WARDEN_FAILPOINT_PAUSE",
     crate::restore::execute::REPLAY_THROUGH_ETCD,
     "ETCD_WARDEN_WRITE_REFERENCE",
+    "ETCD_WARDEN_COMMIT",
 ];
 
 /// Every `ETCD_WARDEN_*` name an option of any command reads, plus the internal ones.

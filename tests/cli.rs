@@ -512,3 +512,108 @@ fn a_misspelled_warden_variable_is_named_with_the_closest_real_one() {
         "run's refusal lacks the hint: {stderr}"
     );
 }
+
+/// The output of `cmd`, which must end within `limit`: a command that would ask an unreachable
+/// metadata service hangs for minutes, so it is killed and the test names the wait.
+fn output_within(mut cmd: Command, limit: Duration, what: &str) -> std::process::Output {
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            panic!("{what} did not end within {limit:?}");
+        }
+    }
+}
+
+/// A cloud store with no credentials in the environment (or the credentials file) is refused at
+/// once with exit 64, naming the variables to set and how to choose the instance metadata service,
+/// by `run` (before etcd starts, nothing created) and by every command that reads a store. The
+/// environment is emptied but for PATH and a HOME without a gcloud default file.
+#[test]
+fn a_cloud_store_without_credentials_is_refused_at_once_naming_the_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let marker = d.join("etcd-was-started");
+    let fake = d.join("fake-etcd");
+    std::fs::write(
+        &fake,
+        format!("#!/bin/sh\ntouch {}\nexec sleep 600\n", marker.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let home = d.join("home");
+    std::fs::create_dir(&home).unwrap();
+    let data = d.join("data");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "run".into(),
+                "--listen".into(),
+                format!("{}:2378", unique_ip()),
+                "--store".into(),
+                "s3://bucket/etcd".into(),
+                "--".into(),
+                fake.display().to_string(),
+                "--data-dir".into(),
+                data.display().to_string(),
+            ],
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+        ),
+        (
+            vec![
+                "backups".into(),
+                "list".into(),
+                "--store".into(),
+                "s3://bucket/etcd".into(),
+            ],
+            "AWS_METADATA_ENDPOINT=http://169.254.169.254",
+        ),
+        (
+            vec![
+                "backups".into(),
+                "list".into(),
+                "--store".into(),
+                "gs://bucket/etcd".into(),
+            ],
+            "GOOGLE_APPLICATION_CREDENTIALS",
+        ),
+        (
+            vec![
+                "restore".into(),
+                "--store".into(),
+                "az://container/etcd".into(),
+                "--data-dir".into(),
+                data.display().to_string(),
+            ],
+            "AZURE_STORAGE_ACCOUNT_KEY",
+        ),
+    ];
+    for (args, want) in cases {
+        let mut cmd = Command::new(WARDEN);
+        cmd.args(&args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap())
+            .env("HOME", &home)
+            .current_dir(d);
+        let out = output_within(cmd, Duration::from_secs(10), &args.join(" "));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("names no credentials") && stderr.contains(want),
+            "{args:?}: {stderr:?} does not name {want:?}"
+        );
+        assert!(!marker.exists(), "{args:?}: etcd was started");
+        assert!(!data.exists(), "{args:?}: the data dir was created");
+    }
+}

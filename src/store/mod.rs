@@ -2,6 +2,7 @@
 //! object format (`format`), retention (`retention`), and opening the object_store client with
 //! retries short enough that an outage shows in /status within one delta period.
 
+pub mod credentials;
 pub mod format;
 pub mod head;
 pub mod layout;
@@ -19,6 +20,7 @@ use object_store::prefix::PrefixStore;
 use object_store::{ClientConfigKey, ObjectMeta, ObjectStore, ObjectStoreExt, RetryConfig};
 use thiserror::Error;
 
+pub use credentials::read_credentials;
 pub use layout::{ChainId, Compression, Kind, SnapshotName};
 pub use url::{StoreUrl, StoreUrlError};
 
@@ -42,6 +44,10 @@ pub enum StoreError {
         path: std::path::PathBuf,
         reason: String,
     },
+    #[error(
+        "the store {url} names no credentials, and etcd-warden asks a cloud metadata service only when told to: {hint}"
+    )]
+    NoCredentials { url: String, hint: &'static str },
     #[error("list {prefix} in {url}")]
     List {
         prefix: String,
@@ -87,33 +93,6 @@ pub struct Store {
 /// `--gbr-lease-ttl`'s default: Kubernetes' `--event-ttl`, what nearly every leased key in a
 /// Kubernetes etcd is.
 pub const GBR_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
-
-/// `--store-credentials FILE`: `KEY=VALUE` lines with the same names as the environment variables
-/// (AWS_ACCESS_KEY_ID, AZURE_STORAGE_ACCOUNT_KEY, GOOGLE_SERVICE_ACCOUNT_KEY, …), applied over the
-/// environment. The backup loop re-reads the file when it changes, so rotated secrets need no restart.
-pub fn read_credentials(path: &std::path::Path) -> Result<Vec<(String, String)>, StoreError> {
-    let text = std::fs::read_to_string(path).map_err(|source| StoreError::Credentials {
-        path: path.to_owned(),
-        reason: source.to_string(),
-    })?;
-    let mut out = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let line = line.strip_prefix("export ").unwrap_or(line);
-        let Some((k, v)) = line.split_once('=') else {
-            return Err(StoreError::Credentials {
-                path: path.to_owned(),
-                reason: format!("line {} is not KEY=VALUE", n + 1),
-            });
-        };
-        let v = v.trim().trim_matches('"').trim_matches('\'').to_owned();
-        out.push((k.trim().to_owned(), v));
-    }
-    Ok(out)
-}
 
 /// Retries: a few quick ones inside object_store; the backup loop retries on its own schedule and
 /// reports every failure, so a dead store is visible in seconds rather than minutes.
@@ -203,6 +182,10 @@ impl Store {
                 source,
             }
         };
+        let no_credentials = |hint| StoreError::NoCredentials {
+            url: url.to_string(),
+            hint,
+        };
         let (inner, prefix): (Arc<dyn ObjectStore>, &str) = match url {
             StoreUrl::File { path } => {
                 std::fs::create_dir_all(path).map_err(|source| StoreError::CreateDir {
@@ -222,6 +205,10 @@ impl Store {
                     s3 = s3.with_unsigned_payload(true);
                 }
                 let b = configure!(s3, object_store::aws::AmazonS3ConfigKey, "AWS", extra);
+                let b = credentials::s3_metadata_endpoint(b);
+                if !credentials::s3_named(&b) {
+                    return Err(no_credentials(credentials::S3_HINT));
+                }
                 let s3 = b.build().map_err(cfg("s3"))?;
                 (Arc::new(s3), prefix)
             }
@@ -232,6 +219,9 @@ impl Store {
                     "GOOGLE",
                     extra
                 );
+                if !credentials::gcs_named(&b) {
+                    return Err(no_credentials(credentials::GCS_HINT));
+                }
                 let gcs = b.build().map_err(cfg("gs"))?;
                 (Arc::new(gcs), prefix)
             }
@@ -242,6 +232,9 @@ impl Store {
                     "AZURE",
                     extra
                 );
+                if !credentials::azure_named(&b) {
+                    return Err(no_credentials(credentials::AZURE_HINT));
+                }
                 let az = b.build().map_err(cfg("az"))?;
                 (Arc::new(az), prefix)
             }
