@@ -2,7 +2,8 @@
 # Installs what etcd-warden needs on a fresh Debian machine, skipping what is already there, and
 # fails loudly when a part cannot be had. Sourced by scripts/demo and scripts/test.
 #
-#   need_build   protoc (etcd-client's build), openssl (test certificates), unshare (util-linux)
+#   need_build   openssl (test certificates), unshare (util-linux), python3; protoc comes with cargo's
+#                build (scripts/protoc, .cargo/config.toml), no system package
 #   need_etcd34  etcd 3.4.23 (Debian 12's etcd-server / etcd-client, unpacked into a cache); exports ETCD34_BIN
 #   need_etcd35  etcd 3.5.16 (Debian 13 trixie's packages, unpacked into a cache); exports ETCD35_BIN
 #   need_etcd35_newest  the newest 3.5 of Debian sid (same way); exports ETCD35_NEWEST_BIN
@@ -30,16 +31,10 @@ die() { echo "deps: $*" >&2; exit 1; }
 need_build() {
     command -v cargo >/dev/null || die "cargo not found: install a Rust toolchain (rustup) first"
     local missing=()
-    command -v protoc >/dev/null || missing+=(protobuf-compiler)
-    # etcd-client's build imports protobuf's well-known types (google/protobuf/descriptor.proto).
-    [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
     command -v openssl >/dev/null || missing+=(openssl)
     command -v unshare >/dev/null || missing+=(util-linux)
     command -v python3 >/dev/null || missing+=(python3 python3-pip)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
-    command -v protoc >/dev/null || die "protoc still missing after installing protobuf-compiler"
-    [ -f /usr/include/google/protobuf/descriptor.proto ] \
-        || die "google/protobuf/descriptor.proto still missing after installing libprotobuf-dev"
 }
 
 # etcd comes from Debian's packages, unpacked into a cache: never installed, so nothing lands on PATH

@@ -617,3 +617,55 @@ fn a_cloud_store_without_credentials_is_refused_at_once_naming_the_variables() {
         assert!(!data.exists(), "{args:?}: the data dir was created");
     }
 }
+
+/// etcd-client's build script runs `scripts/protoc` (named by .cargo/config.toml): with no protoc
+/// on PATH it runs the one cargo downloaded with the build-dependency; with neither, it says in
+/// one line how to get one.
+#[test]
+fn the_build_finds_a_protoc_without_a_system_one() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = std::fs::read_to_string(root.join(".cargo/config.toml")).unwrap();
+    assert!(
+        config.contains(r#"PROTOC = { value = "scripts/protoc", relative = true"#),
+        ".cargo/config.toml no longer points PROTOC at scripts/protoc:\n{config}"
+    );
+    // A PATH with the shell's tools the script uses and no protoc.
+    let bin = tempfile::tempdir().unwrap();
+    for tool in ["uname"] {
+        let found = ["/usr/bin", "/bin"]
+            .iter()
+            .map(|d| Path::new(d).join(tool))
+            .find(|p| p.exists())
+            .unwrap();
+        std::os::unix::fs::symlink(found, bin.path().join(tool)).unwrap();
+    }
+    let run = |cargo_home: &std::ffi::OsStr| {
+        Command::new("/bin/sh")
+            .arg(root.join("scripts/protoc"))
+            .arg("--version")
+            .env_clear()
+            .env("PATH", bin.path())
+            .env("CARGO_HOME", cargo_home)
+            .env("HOME", bin.path())
+            .output()
+            .unwrap()
+    };
+    let home = std::env::var_os("CARGO_HOME").unwrap_or_else(|| {
+        Path::new(&std::env::var_os("HOME").unwrap())
+            .join(".cargo")
+            .into()
+    });
+    let out = run(&home);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.starts_with("libprotoc "),
+        "the vendored protoc did not run: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let empty = tempfile::tempdir().unwrap();
+    let out = run(empty.path().as_os_str());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("apt-get install protobuf-compiler"), "{stderr}");
+}
