@@ -631,14 +631,11 @@ fn the_build_finds_a_protoc_without_a_system_one() {
     );
     // A PATH with the shell's tools the script uses and no protoc.
     let bin = tempfile::tempdir().unwrap();
-    for tool in ["uname"] {
-        let found = ["/usr/bin", "/bin"]
-            .iter()
-            .map(|d| Path::new(d).join(tool))
-            .find(|p| p.exists())
-            .unwrap();
-        std::os::unix::fs::symlink(found, bin.path().join(tool)).unwrap();
-    }
+    let uname = ["/usr/bin/uname", "/bin/uname"]
+        .iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap();
+    std::os::unix::fs::symlink(uname, bin.path().join("uname")).unwrap();
     let run = |cargo_home: &std::ffi::OsStr| {
         Command::new("/bin/sh")
             .arg(root.join("scripts/protoc"))
