@@ -1,13 +1,5 @@
-//! The HTTP endpoints: on `--listen` (TCP) and on the admin socket (`--admin-socket`, a unix socket
-//! with mode 0600, so only its owner can connect).
-//!
-//!     GET  /readyz          200 "ready" | 503 reason      (rule 1: etcd's health, never backups)
-//!     GET  /livez           200 "ok"    | 503 reason      (the warden's own loops are beating)
-//!     GET  /status          JSON: phase, etcd, ownership, backup, warden
-//!     GET  /metrics         Prometheus text exposition
-//!     POST /snapshot/full   request a full snapshot (as SIGUSR1)       202
-//!     POST /snapshot/delta  request a delta flush (as SIGUSR2)         202
-//!     POST /cluster/leave   this member leaves its cluster (admin socket only)  202
+//! The HTTP endpoints ([`ENDPOINTS`]): on `--listen` (TCP) and on the admin socket
+//! (`--admin-socket`, a unix socket with mode 0600, so only its owner can connect).
 //!
 //! The POSTs are served on the admin socket, and over TCP only with `Authorization: Bearer <token>`
 //! matching `--admin-token-file` (401 without it, 403 with a wrong one or when no token file is
@@ -38,6 +30,79 @@ use crate::snapshot::backup::BackupHandle;
 use crate::state::Shared;
 
 const PLAIN: &str = "text/plain; charset=utf-8";
+
+const READYZ: &str = "/readyz";
+const READY_ALIAS: &str = "/healthz/ready";
+const LIVEZ: &str = "/livez";
+const STATUS: &str = "/status";
+const METRICS: &str = "/metrics";
+const SNAPSHOT_FULL: &str = "/snapshot/full";
+const SNAPSHOT_DELTA: &str = "/snapshot/delta";
+const CLUSTER_LEAVE: &str = "/cluster/leave";
+
+/// One endpoint: method, path, where it is served, and what it answers.
+#[derive(Debug)]
+pub struct Endpoint {
+    pub method: &'static str,
+    pub path: &'static str,
+    pub served: &'static str,
+    pub answer: &'static str,
+}
+
+const BOTH: &str = "--listen and the admin socket";
+const WITH_TOKEN: &str = "the admin socket; --listen with `Authorization: Bearer` and --admin-token-file";
+
+/// Every endpoint `route` serves; docs/reference.md is generated from this table.
+pub const ENDPOINTS: &[Endpoint] = &[
+    Endpoint {
+        method: "GET",
+        path: READYZ,
+        served: BOTH,
+        answer: "200 `ready` when etcd is healthy and this host may serve (ownership); else 503 with the reason. Never reflects backups.",
+    },
+    Endpoint {
+        method: "GET",
+        path: READY_ALIAS,
+        served: BOTH,
+        answer: "the same as /readyz",
+    },
+    Endpoint {
+        method: "GET",
+        path: LIVEZ,
+        served: BOTH,
+        answer: "200 `ok` while the warden's own loops are beating; else 503 with the reason",
+    },
+    Endpoint {
+        method: "GET",
+        path: STATUS,
+        served: BOTH,
+        answer: "200 JSON: phase, ready, not_ready_reason, etcd, ownership, backup, member, restore, warden",
+    },
+    Endpoint {
+        method: "GET",
+        path: METRICS,
+        served: BOTH,
+        answer: "200 Prometheus/OpenMetrics text (the metrics below)",
+    },
+    Endpoint {
+        method: "POST",
+        path: SNAPSHOT_FULL,
+        served: WITH_TOKEN,
+        answer: "202 `{\"requested\": \"full\", \"coalesced\": bool}`: a full snapshot, as SIGUSR1; 401 without a token, 403 with a wrong one or none configured",
+    },
+    Endpoint {
+        method: "POST",
+        path: SNAPSHOT_DELTA,
+        served: WITH_TOKEN,
+        answer: "202: a delta flush, as SIGUSR2; 401/403 as above",
+    },
+    Endpoint {
+        method: "POST",
+        path: CLUSTER_LEAVE,
+        served: "the admin socket only (403 over --listen)",
+        answer: "202 `{\"leaving\": true}`: this member leaves its cluster (`etcd-warden ctl leave`)",
+    },
+];
 
 /// Binds `addr` (so a port clash fails the start, before etcd is spawned).
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
@@ -166,19 +231,19 @@ fn route(
         );
     }
     match req.uri().path() {
-        "/readyz" | "/healthz/ready" => match shared.readiness() {
+        READYZ | READY_ALIAS => match shared.readiness() {
             Ok(()) => text(StatusCode::OK, "ready\n", PLAIN),
             Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n"), PLAIN),
         },
-        "/livez" => match shared.liveness() {
+        LIVEZ => match shared.liveness() {
             Ok(()) => text(StatusCode::OK, "ok\n", PLAIN),
             Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n"), PLAIN),
         },
-        "/status" => {
+        STATUS => {
             let body = serde_json::to_vec_pretty(&shared.status_json()).unwrap_or_default();
             text(StatusCode::OK, body, "application/json")
         }
-        "/metrics" => text(
+        METRICS => text(
             StatusCode::OK,
             crate::metrics::render(shared),
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -250,7 +315,7 @@ fn authorize(req: &Request<Incoming>, actions: &Actions) -> Result<(), Refusal> 
 }
 
 fn post(req: &Request<Incoming>, actions: &Actions, access: Access) -> Response<Full<Bytes>> {
-    if req.uri().path() == "/cluster/leave" {
+    if req.uri().path() == CLUSTER_LEAVE {
         // Removing a member from its cluster is never offered over the network.
         if access == Access::Network {
             return text(
@@ -264,8 +329,8 @@ fn post(req: &Request<Incoming>, actions: &Actions, access: Access) -> Response<
         return text(StatusCode::ACCEPTED, "{\"leaving\": true}\n", "application/json");
     }
     let kind = match req.uri().path() {
-        "/snapshot/full" => "full",
-        "/snapshot/delta" => "delta",
+        SNAPSHOT_FULL => "full",
+        SNAPSHOT_DELTA => "delta",
         _ => {
             return text(
                 StatusCode::NOT_FOUND,

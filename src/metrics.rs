@@ -66,12 +66,324 @@ struct Snapshot {
 
 type Labels = Vec<(String, String)>;
 
+/// Whether a series counts or measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    Gauge,
+    Counter,
+}
+
+/// One series the warden exports: its name, kind, when it is present, and its help text.
+#[derive(Debug)]
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: MetricKind,
+    pub present: &'static str,
+    pub help: &'static str,
+}
+
+/// Every series the warden can export. The exposition takes each family's help and kind from here,
+/// and docs/reference.md is generated from it.
+pub const METRICS: &[Metric] = &[
+    Metric {
+        name: "etcd_warden_backup_healthy",
+        kind: MetricKind::Gauge,
+        present: "after the first backup attempt",
+        help: "1 when the last backup attempt succeeded (absent before the first attempt).",
+    },
+    Metric {
+        name: "etcd_warden_backup_kube_keys_missing",
+        kind: MetricKind::Gauge,
+        present: "with --kube-encryption-config, after the first check",
+        help: "--kube-encryption-config: key names the newest full snapshot's encrypted values need that the configuration lacks (a restore of it cannot be decrypted); -1 when the check failed.",
+    },
+    Metric {
+        name: "etcd_warden_backup_writer",
+        kind: MetricKind::Gauge,
+        present: "clusters",
+        help: "1 on the member whose warden writes the cluster's backups (its etcd leads), 0 on followers.",
+    },
+    Metric {
+        name: "etcd_warden_backup_foreign_prefix",
+        kind: MetricKind::Gauge,
+        present: "clusters",
+        help: "1 while another etcd cluster owns the store prefix, so this warden writes nothing there.",
+    },
+    Metric {
+        name: "etcd_warden_chain_breaks",
+        kind: MetricKind::Counter,
+        present: "always",
+        help: "Times a delta chain could not continue because etcd had compacted its next revision (a full snapshot followed; the revisions between are in no delta).",
+    },
+    Metric {
+        name: "etcd_warden_snapshots",
+        kind: MetricKind::Counter,
+        present: "always",
+        help: "Snapshots uploaded, by kind.",
+    },
+    Metric {
+        name: "etcd_warden_backup_failures",
+        kind: MetricKind::Counter,
+        present: "always",
+        help: "Failed backup operations, by kind and a bounded reason.",
+    },
+    Metric {
+        name: "etcd_warden_backup_age_seconds",
+        kind: MetricKind::Gauge,
+        present: "per kind, after its first snapshot",
+        help: "Seconds since the last snapshot of each kind reached the store (alert on this).",
+    },
+    Metric {
+        name: "etcd_warden_backup_last_success_timestamp_seconds",
+        kind: MetricKind::Gauge,
+        present: "per kind, after its first snapshot",
+        help: "Unix time of the last uploaded snapshot, by kind.",
+    },
+    Metric {
+        name: "etcd_warden_snapshot_duration_seconds",
+        kind: MetricKind::Gauge,
+        present: "per kind, after its first snapshot",
+        help: "Duration of the last uploaded snapshot, by kind.",
+    },
+    Metric {
+        name: "etcd_warden_snapshot_size_bytes",
+        kind: MetricKind::Gauge,
+        present: "per kind, after its first snapshot",
+        help: "Stored size of the last uploaded snapshot, by kind.",
+    },
+    Metric {
+        name: "etcd_warden_delta_pending_bytes",
+        kind: MetricKind::Gauge,
+        present: "always",
+        help: "Delta bytes buffered in memory, not yet uploaded.",
+    },
+    Metric {
+        name: "etcd_warden_defrags",
+        kind: MetricKind::Counter,
+        present: "always",
+        help: "Defragmentations done by --defrag-schedule.",
+    },
+    Metric {
+        name: "etcd_warden_defrag_duration_seconds",
+        kind: MetricKind::Gauge,
+        present: "after a defragmentation",
+        help: "Duration of the last defragmentation (etcd answers nothing meanwhile).",
+    },
+    Metric {
+        name: "etcd_warden_restores",
+        kind: MetricKind::Counter,
+        present: "always",
+        help: "Data dirs restored from the store at start (missing, broken or behind).",
+    },
+    Metric {
+        name: "etcd_warden_restores_older_than_target",
+        kind: MetricKind::Counter,
+        present: "always",
+        help: "Start-up restores that ended below the newest backed-up revision (corrupt or missing objects were skipped; /status .restore.startup_restores.last_skipped says which).",
+    },
+    Metric {
+        name: "etcd_warden_restore_duration_seconds",
+        kind: MetricKind::Gauge,
+        present: "after a start-up restore",
+        help: "Duration of the last start-up restore.",
+    },
+    Metric {
+        name: "etcd_warden_last_verified_restore_timestamp_seconds",
+        kind: MetricKind::Gauge,
+        present: "after a successful restore drill",
+        help: "Unix time of the last successful restore drill (--verify-schedule).",
+    },
+    Metric {
+        name: "etcd_warden_restore_drill_duration_seconds",
+        kind: MetricKind::Gauge,
+        present: "after a restore drill",
+        help: "Duration of the last restore drill.",
+    },
+    Metric {
+        name: "etcd_warden_backup_revision",
+        kind: MetricKind::Gauge,
+        present: "once a snapshot is in the store",
+        help: "The newest revision safely in the store.",
+    },
+    Metric {
+        name: "etcd_warden_delta_lag_revisions",
+        kind: MetricKind::Gauge,
+        present: "once a snapshot is in the store and etcd answered",
+        help: "etcd's revision minus the newest revision in the store.",
+    },
+    Metric {
+        name: "etcd_warden_ownership_checks",
+        kind: MetricKind::Counter,
+        present: "with an ownership check (--owner-name)",
+        help: "Ownership checks, by result (owner, not_owner, unknown = DNS error or timeout).",
+    },
+    Metric {
+        name: "etcd_warden_ownership_state",
+        kind: MetricKind::Gauge,
+        present: "with an ownership check (--owner-name)",
+        help: "1 for the last check's result: owner, not-owner or unknown.",
+    },
+    Metric {
+        name: "etcd_warden_ownership_may_serve",
+        kind: MetricKind::Gauge,
+        present: "with an ownership check (--owner-name)",
+        help: "1 while this host is the confirmed owner and etcd may serve clients.",
+    },
+    Metric {
+        name: "etcd_warden_fenced",
+        kind: MetricKind::Gauge,
+        present: "with an ownership check (--owner-name)",
+        help: "1 while etcd is fenced (killed after ownership was lost).",
+    },
+    Metric {
+        name: "etcd_warden_fence_kills",
+        kind: MetricKind::Counter,
+        present: "with an ownership check (--owner-name)",
+        help: "Times etcd was SIGKILLed because ownership was lost.",
+    },
+    Metric {
+        name: "etcd_warden_final_snapshots",
+        kind: MetricKind::Counter,
+        present: "with an ownership check (--owner-name)",
+        help: "Final snapshots uploaded after a fence.",
+    },
+    Metric {
+        name: "etcd_warden_final_snapshot_failures",
+        kind: MetricKind::Counter,
+        present: "with an ownership check (--owner-name)",
+        help: "Failed attempts at a final snapshot.",
+    },
+    Metric {
+        name: "etcd_warden_ownership_last_check_timestamp_seconds",
+        kind: MetricKind::Gauge,
+        present: "with an ownership check, after the first one",
+        help: "Unix time of the last ownership check.",
+    },
+    Metric {
+        name: "etcd_warden_fence_kill_duration_seconds",
+        kind: MetricKind::Gauge,
+        present: "after a fence",
+        help: "From the ownership decision to etcd reaped, at the last fence.",
+    },
+    Metric {
+        name: "etcd_warden_etcd_up",
+        kind: MetricKind::Gauge,
+        present: "always",
+        help: "1 while an etcd process is running under the warden.",
+    },
+    Metric {
+        name: "etcd_warden_etcd_healthy",
+        kind: MetricKind::Gauge,
+        present: "always",
+        help: "1 when the current etcd passed its last health check.",
+    },
+    Metric {
+        name: "etcd_warden_ready",
+        kind: MetricKind::Gauge,
+        present: "always",
+        help: "1 when /readyz answers 200.",
+    },
+    Metric {
+        name: "etcd_warden_etcd_restarts",
+        kind: MetricKind::Counter,
+        present: "always",
+        help: "Restarts of etcd after it exited unexpectedly.",
+    },
+    Metric {
+        name: "etcd_warden_etcd_starts",
+        kind: MetricKind::Counter,
+        present: "always",
+        help: "etcd processes started by the warden.",
+    },
+    Metric {
+        name: "etcd_warden_orphans_reaped",
+        kind: MetricKind::Counter,
+        present: "always",
+        help: "Orphaned processes reaped by the warden.",
+    },
+    Metric {
+        name: "etcd_warden_start_time_seconds",
+        kind: MetricKind::Gauge,
+        present: "always",
+        help: "Start time of the warden, Unix seconds.",
+    },
+    Metric {
+        name: "etcd_warden_etcd_revision",
+        kind: MetricKind::Gauge,
+        present: "after etcd's first health check",
+        help: "etcd's revision at the last health check.",
+    },
+    Metric {
+        name: "etcd_warden_etcd_db_size_bytes",
+        kind: MetricKind::Gauge,
+        present: "after etcd's first health check",
+        help: "etcd's backend database size at the last health check.",
+    },
+    Metric {
+        name: "etcd_warden_etcd_resident_memory_bytes",
+        kind: MetricKind::Gauge,
+        present: "while etcd runs",
+        help: "Resident memory of the etcd process.",
+    },
+    Metric {
+        name: "etcd_warden_etcd_cpu_seconds",
+        kind: MetricKind::Counter,
+        present: "while etcd runs",
+        help: "CPU time used by the current etcd process.",
+    },
+    Metric {
+        name: "etcd_warden_etcd_open_fds",
+        kind: MetricKind::Gauge,
+        present: "while etcd runs",
+        help: "Open file descriptors of the etcd process.",
+    },
+    Metric {
+        name: "etcd_warden_etcd_start_time_seconds",
+        kind: MetricKind::Gauge,
+        present: "while etcd runs",
+        help: "Start time of the current etcd process, Unix seconds.",
+    },
+    Metric {
+        name: "etcd_warden_etcd_uptime_seconds",
+        kind: MetricKind::Gauge,
+        present: "while etcd runs",
+        help: "Seconds since the current etcd process started.",
+    },
+    Metric {
+        name: "etcd_warden_resident_memory_bytes",
+        kind: MetricKind::Gauge,
+        present: "always",
+        help: "Resident memory of the warden itself.",
+    },
+    Metric {
+        name: "etcd_warden_cpu_seconds",
+        kind: MetricKind::Counter,
+        present: "always",
+        help: "CPU time used by the warden itself.",
+    },
+];
+
 #[derive(Debug)]
 struct Family {
     name: &'static str,
     help: &'static str,
     counter: bool,
     samples: Vec<(Labels, f64)>,
+}
+
+impl Family {
+    /// The family `name` of [`METRICS`] with these samples (a name missing there is a bug that
+    /// the unit test below catches; it would be exported as a gauge without help).
+    fn of(name: &'static str, samples: Vec<(Labels, f64)>) -> Family {
+        let spec = METRICS.iter().find(|m| m.name == name);
+        debug_assert!(spec.is_some(), "{name} is not in METRICS");
+        Family {
+            name,
+            help: spec.map_or("", |m| m.help),
+            counter: spec.is_some_and(|m| m.kind == MetricKind::Counter),
+            samples,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -102,12 +414,6 @@ impl prometheus_client::collector::Collector for Collector {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Value {
-    Gauge(f64),
-    Counter(f64),
-}
-
 fn kind_label(kind: &str) -> Labels {
     vec![("kind".to_owned(), kind.to_owned())]
 }
@@ -116,64 +422,50 @@ fn kind_label(kind: &str) -> Labels {
 fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
     let b = shared.backup.borrow().clone();
     let mut out = Vec::new();
-    let gauge = |name, help, samples| Family {
-        name,
-        help,
-        counter: false,
-        samples,
-    };
-    let counter = |name, help, samples| Family {
-        name,
-        help,
-        counter: true,
-        samples,
-    };
-    out.push(gauge(
+    let family = Family::of;
+    out.push(family(
         "etcd_warden_backup_healthy",
-        "1 when the last backup attempt succeeded (absent before the first attempt).",
         b.healthy
             .map(|h| vec![(Vec::new(), if h { 1.0 } else { 0.0 })])
             .unwrap_or_default(),
     ));
     if let Some(k) = &b.kube_keys {
-        out.push(gauge(
+        out.push(family(
             "etcd_warden_backup_kube_keys_missing",
-            "--kube-encryption-config: key names the newest full snapshot's encrypted values need that the configuration lacks (a restore of it cannot be decrypted); -1 when the check failed.",
             vec![(
                 Vec::new(),
-                if k.error.is_some() { -1.0 } else { k.missing.len() as f64 },
+                if k.error.is_some() {
+                    -1.0
+                } else {
+                    k.missing.len() as f64
+                },
             )],
         ));
     }
     // Clusters only: who writes, and whether another cluster owns the prefix.
     if let Some(role) = &b.role {
-        out.push(gauge(
+        out.push(family(
             "etcd_warden_backup_writer",
-            "1 on the member whose warden writes the cluster's backups (its etcd leads), 0 on followers.",
             vec![(Vec::new(), if role == "writer" { 1.0 } else { 0.0 })],
         ));
-        out.push(gauge(
+        out.push(family(
             "etcd_warden_backup_foreign_prefix",
-            "1 while another etcd cluster owns the store prefix, so this warden writes nothing there.",
             vec![(Vec::new(), if b.foreign_prefix.is_some() { 1.0 } else { 0.0 })],
         ));
     }
-    out.push(counter(
+    out.push(family(
         "etcd_warden_chain_breaks",
-        "Times a delta chain could not continue because etcd had compacted its next revision (a full snapshot followed; the revisions between are in no delta).",
         vec![(Vec::new(), b.chain_breaks_total as f64)],
     ));
-    out.push(counter(
+    out.push(family(
         "etcd_warden_snapshots",
-        "Snapshots uploaded, by kind.",
         vec![
             (kind_label("full"), b.fulls_total as f64),
             (kind_label("delta"), b.deltas_total as f64),
         ],
     ));
-    out.push(counter(
+    out.push(family(
         "etcd_warden_backup_failures",
-        "Failed backup operations, by kind and a bounded reason.",
         b.failures_total
             .iter()
             .map(|(k, v)| {
@@ -198,11 +490,7 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
             ages.push((kind_label(kind), age));
         }
     }
-    out.push(gauge(
-        "etcd_warden_backup_age_seconds",
-        "Seconds since the last snapshot of each kind reached the store (alert on this).",
-        ages,
-    ));
+    out.push(family("etcd_warden_backup_age_seconds", ages));
     let mut last_ts = Vec::new();
     let mut dur = Vec::new();
     let mut size = Vec::new();
@@ -215,81 +503,62 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
             size.push((kind_label(kind), i.stored_bytes as f64));
         }
     }
-    out.push(gauge(
+    out.push(family(
         "etcd_warden_backup_last_success_timestamp_seconds",
-        "Unix time of the last uploaded snapshot, by kind.",
         last_ts,
     ));
-    out.push(gauge(
-        "etcd_warden_snapshot_duration_seconds",
-        "Duration of the last uploaded snapshot, by kind.",
-        dur,
-    ));
-    out.push(gauge(
-        "etcd_warden_snapshot_size_bytes",
-        "Stored size of the last uploaded snapshot, by kind.",
-        size,
-    ));
-    out.push(gauge(
+    out.push(family("etcd_warden_snapshot_duration_seconds", dur));
+    out.push(family("etcd_warden_snapshot_size_bytes", size));
+    out.push(family(
         "etcd_warden_delta_pending_bytes",
-        "Delta bytes buffered in memory, not yet uploaded.",
         vec![(Vec::new(), b.pending_delta_bytes as f64)],
     ));
-    out.push(counter(
+    out.push(family(
         "etcd_warden_defrags",
-        "Defragmentations done by --defrag-schedule.",
         vec![(Vec::new(), b.defrags_total as f64)],
     ));
     if let Some(d) = &b.last_defrag {
-        out.push(gauge(
+        out.push(family(
             "etcd_warden_defrag_duration_seconds",
-            "Duration of the last defragmentation (etcd answers nothing meanwhile).",
             vec![(Vec::new(), d.duration_seconds)],
         ));
     }
     let restores = shared.restores.borrow().clone();
-    out.push(counter(
+    out.push(family(
         "etcd_warden_restores",
-        "Data dirs restored from the store at start (missing, broken or behind).",
         vec![(Vec::new(), restores.total as f64)],
     ));
-    out.push(counter(
+    out.push(family(
         "etcd_warden_restores_older_than_target",
-        "Start-up restores that ended below the newest backed-up revision (corrupt or missing objects were skipped; /status .restore.startup_restores.last_skipped says which).",
         vec![(Vec::new(), restores.older_than_target_total as f64)],
     ));
     if let Some(s) = restores.last_seconds {
-        out.push(gauge(
+        out.push(family(
             "etcd_warden_restore_duration_seconds",
-            "Duration of the last start-up restore.",
             vec![(Vec::new(), s)],
         ));
     }
     let drill = shared.drill.borrow().clone();
     if let Some(t) = drill.last_success {
-        out.push(gauge(
+        out.push(family(
             "etcd_warden_last_verified_restore_timestamp_seconds",
-            "Unix time of the last successful restore drill (--verify-schedule).",
             vec![(Vec::new(), to_unix(t))],
         ));
     }
     if let Some(s) = drill.last_seconds {
-        out.push(gauge(
+        out.push(family(
             "etcd_warden_restore_drill_duration_seconds",
-            "Duration of the last restore drill.",
             vec![(Vec::new(), s)],
         ));
     }
     if let Some(rev) = b.backed_up_revision {
-        out.push(gauge(
+        out.push(family(
             "etcd_warden_backup_revision",
-            "The newest revision safely in the store.",
             vec![(Vec::new(), rev as f64)],
         ));
         if let Some(cur) = etcd_revision {
-            out.push(gauge(
+            out.push(family(
                 "etcd_warden_delta_lag_revisions",
-                "etcd's revision minus the newest revision in the store.",
                 vec![(Vec::new(), (cur - rev).max(0) as f64)],
             ));
         }
@@ -304,19 +573,12 @@ fn ownership_families(shared: &Shared) -> Vec<Family> {
         return Vec::new();
     }
     let f = shared.fence.borrow().clone();
-    let family = |name, help, counter, samples| Family {
-        name,
-        help,
-        counter,
-        samples,
-    };
+    let family = Family::of;
     let result = |r: &str| vec![("result".to_owned(), r.to_owned())];
     let state = |st: &str| (vec![("state".to_owned(), st.to_owned())], b(o.state == st));
     let mut out = vec![
         family(
             "etcd_warden_ownership_checks",
-            "Ownership checks, by result (owner, not_owner, unknown = DNS error or timeout).",
-            true,
             vec![
                 (result("owner"), o.checks_owner_total as f64),
                 (result("not_owner"), o.checks_not_owner_total as f64),
@@ -325,54 +587,38 @@ fn ownership_families(shared: &Shared) -> Vec<Family> {
         ),
         family(
             "etcd_warden_ownership_state",
-            "1 for the last check's result: owner, not-owner or unknown.",
-            false,
             vec![state("owner"), state("not-owner"), state("unknown")],
         ),
         family(
             "etcd_warden_ownership_may_serve",
-            "1 while this host is the confirmed owner and etcd may serve clients.",
-            false,
             vec![(Vec::new(), b(o.may_serve))],
         ),
         family(
             "etcd_warden_fenced",
-            "1 while etcd is fenced (killed after ownership was lost).",
-            false,
             vec![(Vec::new(), b(f.fenced_since.is_some()))],
         ),
         family(
             "etcd_warden_fence_kills",
-            "Times etcd was SIGKILLed because ownership was lost.",
-            true,
             vec![(Vec::new(), f.kills_total as f64)],
         ),
         family(
             "etcd_warden_final_snapshots",
-            "Final snapshots uploaded after a fence.",
-            true,
             vec![(Vec::new(), f.final_snapshots_total as f64)],
         ),
         family(
             "etcd_warden_final_snapshot_failures",
-            "Failed attempts at a final snapshot.",
-            true,
             vec![(Vec::new(), f.final_snapshot_failures_total as f64)],
         ),
     ];
     if let Some(t) = o.checked_at {
         out.push(family(
             "etcd_warden_ownership_last_check_timestamp_seconds",
-            "Unix time of the last ownership check.",
-            false,
             vec![(Vec::new(), to_unix(t))],
         ));
     }
     if let Some(k) = f.last_kill_seconds {
         out.push(family(
             "etcd_warden_fence_kill_duration_seconds",
-            "From the ownership decision to etcd reaped, at the last fence.",
-            false,
             vec![(Vec::new(), k)],
         ));
     }
@@ -405,119 +651,45 @@ pub fn render(shared: &Shared) -> String {
         warden_start: to_unix(shared.started_at),
     };
 
-    let mut m: Vec<(&'static str, &'static str, Value)> = vec![
-        (
-            "etcd_warden_etcd_up",
-            "1 while an etcd process is running under the warden.",
-            Value::Gauge(b(s.etcd_up)),
-        ),
-        (
-            "etcd_warden_etcd_healthy",
-            "1 when the current etcd passed its last health check.",
-            Value::Gauge(b(s.etcd_healthy)),
-        ),
-        (
-            "etcd_warden_ready",
-            "1 when /readyz answers 200.",
-            Value::Gauge(b(s.ready)),
-        ),
-        (
-            "etcd_warden_etcd_restarts",
-            "Restarts of etcd after it exited unexpectedly.",
-            Value::Counter(s.restarts as f64),
-        ),
-        (
-            "etcd_warden_etcd_starts",
-            "etcd processes started by the warden.",
-            Value::Counter(s.incarnation as f64),
-        ),
-        (
-            "etcd_warden_orphans_reaped",
-            "Orphaned processes reaped by the warden.",
-            Value::Counter(s.orphans_reaped as f64),
-        ),
-        (
-            "etcd_warden_start_time_seconds",
-            "Start time of the warden, Unix seconds.",
-            Value::Gauge(s.warden_start),
-        ),
+    let mut m: Vec<(&'static str, f64)> = vec![
+        ("etcd_warden_etcd_up", (b(s.etcd_up))),
+        ("etcd_warden_etcd_healthy", (b(s.etcd_healthy))),
+        ("etcd_warden_ready", (b(s.ready))),
+        ("etcd_warden_etcd_restarts", (s.restarts as f64)),
+        ("etcd_warden_etcd_starts", (s.incarnation as f64)),
+        ("etcd_warden_orphans_reaped", (s.orphans_reaped as f64)),
+        ("etcd_warden_start_time_seconds", (s.warden_start)),
     ];
     if let Some(rev) = s.revision {
-        m.push((
-            "etcd_warden_etcd_revision",
-            "etcd's revision at the last health check.",
-            Value::Gauge(rev as f64),
-        ));
+        m.push(("etcd_warden_etcd_revision", (rev as f64)));
     }
     if let Some(size) = s.db_size {
-        m.push((
-            "etcd_warden_etcd_db_size_bytes",
-            "etcd's backend database size at the last health check.",
-            Value::Gauge(size as f64),
-        ));
+        m.push(("etcd_warden_etcd_db_size_bytes", (size as f64)));
     }
     if let Some(p) = s.etcd {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        m.push((
-            "etcd_warden_etcd_resident_memory_bytes",
-            "Resident memory of the etcd process.",
-            Value::Gauge(p.rss_bytes as f64),
-        ));
-        m.push((
-            "etcd_warden_etcd_cpu_seconds",
-            "CPU time used by the current etcd process.",
-            Value::Counter(p.cpu_seconds),
-        ));
+        m.push(("etcd_warden_etcd_resident_memory_bytes", (p.rss_bytes as f64)));
+        m.push(("etcd_warden_etcd_cpu_seconds", (p.cpu_seconds)));
         if let Some(fds) = p.open_fds {
-            m.push((
-                "etcd_warden_etcd_open_fds",
-                "Open file descriptors of the etcd process.",
-                Value::Gauge(fds as f64),
-            ));
+            m.push(("etcd_warden_etcd_open_fds", (fds as f64)));
         }
-        m.push((
-            "etcd_warden_etcd_start_time_seconds",
-            "Start time of the current etcd process, Unix seconds.",
-            Value::Gauge(p.start_time as f64),
-        ));
+        m.push(("etcd_warden_etcd_start_time_seconds", (p.start_time as f64)));
         m.push((
             "etcd_warden_etcd_uptime_seconds",
-            "Seconds since the current etcd process started.",
-            Value::Gauge(now.saturating_sub(p.start_time) as f64),
+            (now.saturating_sub(p.start_time) as f64),
         ));
     }
     if let Some(p) = s.warden {
-        m.push((
-            "etcd_warden_resident_memory_bytes",
-            "Resident memory of the warden itself.",
-            Value::Gauge(p.rss_bytes as f64),
-        ));
-        m.push((
-            "etcd_warden_cpu_seconds",
-            "CPU time used by the warden itself.",
-            Value::Counter(p.cpu_seconds),
-        ));
+        m.push(("etcd_warden_resident_memory_bytes", (p.rss_bytes as f64)));
+        m.push(("etcd_warden_cpu_seconds", (p.cpu_seconds)));
     }
 
     let mut families: Vec<Family> = m
         .into_iter()
-        .map(|(name, help, v)| match v {
-            Value::Gauge(x) => Family {
-                name,
-                help,
-                counter: false,
-                samples: vec![(Vec::new(), x)],
-            },
-            Value::Counter(x) => Family {
-                name,
-                help,
-                counter: true,
-                samples: vec![(Vec::new(), x)],
-            },
-        })
+        .map(|(name, x)| Family::of(name, vec![(Vec::new(), x)]))
         .collect();
     families.extend(backup_families(shared, s.revision));
     families.extend(ownership_families(shared));
@@ -529,4 +701,24 @@ pub fn render(shared: &Shared) -> String {
         let _ = writeln!(out, "# encoding failed");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::METRICS;
+
+    /// Every family the code exports is described in METRICS, and everything METRICS describes is
+    /// exported somewhere: the reference generated from it cannot drift from the exposition.
+    #[test]
+    fn every_exported_family_is_in_the_table_and_back() {
+        let src = include_str!("metrics.rs");
+        let code = &src[src.find("impl Family").unwrap()..src.find("#[cfg(test)]").unwrap()];
+        let used: std::collections::BTreeSet<&str> = code
+            .split('"')
+            .filter(|w| w.starts_with("etcd_warden_") && !w.contains(' '))
+            .collect();
+        let described: std::collections::BTreeSet<&str> = METRICS.iter().map(|m| m.name).collect();
+        assert_eq!(used, described, "METRICS and the families the code builds differ");
+        assert_eq!(described.len(), METRICS.len(), "a name appears twice in METRICS");
+    }
 }

@@ -1,6 +1,7 @@
 //! docs/reference.md is generated from the code: clap's own definitions of every command and
-//! option (with its environment variable and default), the signal table of `--help`, and the
-//! metrics as the golden scrape (tests/golden/metrics.txt) lists them. This test fails when the
+//! option (with its environment variable and default), the signal table of `--help`, the HTTP
+//! endpoints (`http::ENDPOINTS`, the table `route` serves from) and every metric
+//! (`metrics::METRICS`, the table the exposition takes help and type from). This test fails when the
 //! committed file differs from what the code generates; `scripts/reference` rewrites it.
 #![allow(clippy::disallowed_methods)]
 
@@ -71,7 +72,7 @@ fn options(cmd: &clap::Command, path: &str, out: &mut String) {
 
 fn generate() -> String {
     let mut out = String::from(
-        "# etcd-warden reference\n\nGenerated from the code by `scripts/reference` (tests/reference.rs fails when this file is stale); do not edit by hand.\n\n",
+        "# etcd-warden reference\n\nGenerated from the code by `scripts/reference` (tests/reference.rs fails when this file is stale); do not edit by hand. The same definitions make the man pages in `docs/man` (`man -l docs/man/etcd-warden-run.1`).\n\n",
     );
     let _ = writeln!(
         out,
@@ -81,27 +82,31 @@ fn generate() -> String {
     out.push_str("Exit codes: 0 success; 1 failure; 2 `restore` ended below the newest backup (see `--accept-older`); 64 bad usage or configuration (nothing was started, changed or deleted); `run` exits with etcd's own status after a stop (143 = SIGTERM, a clean stop).\n\n");
     let _ = writeln!(out, "```\n{}\n```\n", etcd_warden::config::SIGNALS_HELP.trim());
     options(&etcd_warden::config::Cli::command(), "etcd-warden", &mut out);
-    out.push_str("## Metrics\n\nAs served on `/metrics` (series that exist only in some set-ups, such as cluster roles, ownership or `--kube-encryption-config`, are in docs/metrics.md).\n\n| metric | type | meaning |\n|---|---|---|\n");
-    let golden =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/metrics.txt")).unwrap();
-    let mut types = std::collections::HashMap::new();
-    for l in golden.lines() {
-        if let Some(rest) = l.strip_prefix("# TYPE ") {
-            if let Some((n, t)) = rest.split_once(' ') {
-                types.insert(n.to_owned(), t.to_owned());
-            }
-        }
+    out.push_str("## HTTP endpoints\n\n`--listen` (default 0.0.0.0:2378) and the admin socket (`--admin-socket`, mode 0600) serve:\n\n| method | path | served on | answer |\n|---|---|---|---|\n");
+    for e in etcd_warden::http::ENDPOINTS {
+        let _ = writeln!(
+            out,
+            "| {} | `{}` | {} | {} |",
+            e.method,
+            e.path,
+            e.served,
+            e.answer.replace('|', "\\|")
+        );
     }
-    for l in golden.lines() {
-        if let Some(rest) = l.strip_prefix("# HELP ") {
-            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
-            let _ = writeln!(
-                out,
-                "| `{name}` | {} | {} |",
-                types.get(name).map(String::as_str).unwrap_or(""),
-                help.replace('|', "\\|")
-            );
-        }
+    out.push_str("\n## Metrics\n\nServed on `/metrics` (a counter's samples end in `_total`); *present* says when a series exists.\n\n| metric | type | present | meaning |\n|---|---|---|---|\n");
+    for m in etcd_warden::metrics::METRICS {
+        // A counter's samples carry the `_total` suffix (what a query names).
+        let (kind, suffix) = match m.kind {
+            etcd_warden::metrics::MetricKind::Counter => ("counter", "_total"),
+            etcd_warden::metrics::MetricKind::Gauge => ("gauge", ""),
+        };
+        let _ = writeln!(
+            out,
+            "| `{}{suffix}` | {kind} | {} | {} |",
+            m.name,
+            m.present,
+            m.help.replace('|', "\\|")
+        );
     }
     out
 }
@@ -117,5 +122,51 @@ fn the_committed_reference_is_what_the_code_generates() {
     assert!(
         have == want,
         "docs/reference.md is stale: run scripts/reference and commit the result"
+    );
+}
+
+/// The man pages (docs/man/etcd-warden.1 and one per subcommand) are clap_mangen's rendering of the
+/// same definitions; `scripts/reference` rewrites them too.
+#[test]
+fn the_committed_man_pages_are_what_the_code_generates() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/man");
+    let fresh = tempfile::tempdir().unwrap();
+    clap_mangen::generate_to(etcd_warden::config::Cli::command(), fresh.path()).unwrap();
+    let pages = |d: &std::path::Path| -> std::collections::BTreeMap<String, Vec<u8>> {
+        std::fs::read_dir(d)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| {
+                        (
+                            e.file_name().to_string_lossy().into_owned(),
+                            std::fs::read(e.path()).unwrap(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let want = pages(fresh.path());
+    assert!(
+        want.contains_key("etcd-warden.1") && want.contains_key("etcd-warden-run.1"),
+        "{:?}",
+        want.keys()
+    );
+    if std::env::var_os("ETCD_WARDEN_WRITE_REFERENCE").is_some() {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, body) in &want {
+            std::fs::write(dir.join(name), body).unwrap();
+        }
+    }
+    let have = pages(&dir);
+    let stale: Vec<&String> = want
+        .keys()
+        .chain(have.keys())
+        .filter(|k| want.get(*k) != have.get(*k))
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "docs/man is stale ({stale:?}): run scripts/reference and commit the result"
     );
 }
