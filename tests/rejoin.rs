@@ -943,7 +943,22 @@ fn a_late_member_restores_the_plans_own_point_after_the_restored_cluster_moved_o
             (code == 503 && body.contains("quorum lost")).then_some(())
         });
     }
-    let out = cluster_restore(&store, &[]);
+    // docs/restore.md's quorum-lost runbook, as written: its first block writes the plan.
+    let runbook = runbook_blocks("docs/restore.md", "quorum");
+    assert_eq!(runbook.len(), 2, "plan, check: {runbook:#?}");
+    let endpoints = ips
+        .iter()
+        .map(|ip| format!("http://{ip}:2379"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let vars = [("STORE", store.clone()), ("ENDPOINTS", endpoints)];
+    let bins = [Path::new(WARDEN).parent().unwrap(), etcd.parent().unwrap()];
+    let out = run_block(
+        &runbook[0],
+        &vars,
+        &bins,
+        "the runbook's step 1 (cluster restore)",
+    );
     assert!(out.contains(&format!("to revision {rev}")), "{out}");
     // A second plan while this one is pending: refused, naming the way out.
     let again = std::process::Command::new(WARDEN)
@@ -989,6 +1004,15 @@ fn a_late_member_restores_the_plans_own_point_after_the_restored_cluster_moved_o
     let mut all = two;
     all.push(late);
     one_cluster_again(&ctl, &all, &ips);
+    // The runbook's step 3: every member answers its status and hash.
+    let checked = run_block(&runbook[1], &vars, &bins, "the runbook's step 3 (check)");
+    for ip in &ips {
+        assert_eq!(
+            checked.matches(&format!("http://{ip}:2379")).count(),
+            2,
+            "status and hash of {ip}:\n{checked}"
+        );
+    }
     let value = etcdctl(&ctl, &ips[2], &["get", "after049", "--print-value-only"]).unwrap();
     assert_eq!(value.trim(), "x");
     let current: serde_json::Value = serde_json::from_slice(

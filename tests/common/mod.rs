@@ -868,3 +868,45 @@ pub fn flip_middle_byte(path: &Path) {
     bytes[mid] ^= 0x55;
     std::fs::write(path, bytes).unwrap();
 }
+
+/// The `sh runbook-NAME` blocks of `doc`, in order, without the indentation of a list item.
+pub fn runbook_blocks(doc: &str, name: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(doc)).unwrap();
+    let fence = format!("```sh runbook-{name}");
+    let mut blocks = Vec::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        if line.trim() == fence {
+            let indent = line.len() - line.trim_start().len();
+            let body: Vec<&str> = lines
+                .by_ref()
+                .take_while(|l| l.trim() != "```")
+                .map(|l| l.get(indent..).unwrap_or(l.trim_start()))
+                .collect();
+            blocks.push(body.join("\n"));
+        }
+    }
+    assert!(!blocks.is_empty(), "{doc} has no {fence} block");
+    blocks
+}
+
+/// Runs one runbook block with `vars` exported and `path_dirs` first on PATH; its stdout.
+pub fn run_block(block: &str, vars: &[(&str, String)], path_dirs: &[&Path], what: &str) -> String {
+    let mut path = std::env::join_paths(path_dirs).unwrap();
+    path.push(":");
+    path.push(std::env::var_os("PATH").unwrap());
+    let out = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", block])
+        .envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what} failed ({:?}):\n{block}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
