@@ -415,7 +415,7 @@ fn snapshot_and_restore_show_progress_on_a_terminal() {
     );
 }
 
-/// Full snapshot requests coalesce (README: "one running, at most one more pending"), driven
+/// Full snapshot requests coalesce (docs/operations.md: "one running, at most one more pending"), driven
 /// through the admin socket with `ctl snapshot full`: one request while a full of ~32 MiB is
 /// running is queued, every further one answers `coalesced`, exactly two fulls result and no third
 /// follows; the store's own objects show the second started only after the first was complete.

@@ -434,7 +434,7 @@ fn unready_while_alarmed(w: &Warden, alarm: &str) {
     );
 }
 
-/// A NOSPACE alarm makes readiness 503 naming it (README: "no NOSPACE/CORRUPT alarm"), for as
+/// A NOSPACE alarm makes readiness 503 naming it (docs/operations.md: readiness), for as
 /// long as it is raised, sampled; the operator's fix (compact, defragment, `alarm disarm`) makes it
 /// ready again. The alarm is real: etcd's own quota, raised by writes, checked with etcdctl.
 #[test]
