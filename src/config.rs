@@ -433,6 +433,11 @@ pub struct RunOptions {
     /// Deadline for one ownership check; no answer in time is "unknown", never "lost" [default: 1s]
     #[arg(long, env = "ETCD_WARDEN_OWNER_CHECK_TIMEOUT", value_name = "DURATION")]
     pub owner_check_timeout: Option<String>,
+    /// Start etcd even when its release on this data dir is an upgrade or downgrade path etcd does
+    /// not support (a skipped minor, 3.5 before 3.5.26 to 3.6, an older release on newer storage);
+    /// logged and shown in /status. Without it such a start is refused with exit 64
+    #[arg(long, env = "ETCD_WARDEN_ALLOW_UNSUPPORTED_UPGRADE")]
+    pub allow_unsupported_upgrade: bool,
 }
 
 #[derive(Debug, Args)]
@@ -486,6 +491,8 @@ pub struct RunConfig {
     pub ownership: Option<OwnershipConfig>,
     pub admin_socket: Option<PathBuf>,
     pub admin_token_file: Option<PathBuf>,
+    /// `--allow-unsupported-upgrade`: an unsupported etcd release path is logged, not refused.
+    pub allow_unsupported_upgrade: bool,
     /// The arguments this was built from: SIGHUP builds the configuration again from them, with
     /// the config file and credentials read afresh.
     pub source: RunArgs,
@@ -561,6 +568,7 @@ impl RunOptions {
             identity_file: self.identity_file.or(file.identity_file),
             gbr_lease_ttl: self.gbr_lease_ttl.or(file.gbr_lease_ttl),
             admin_socket: self.admin_socket.or(file.admin_socket),
+            allow_unsupported_upgrade: self.allow_unsupported_upgrade || file.allow_unsupported_upgrade,
             admin_token_file: self.admin_token_file.or(file.admin_token_file),
             owner_name: self.owner_name.or(file.owner_name),
             owner_id: self.owner_id.or(file.owner_id),
@@ -887,6 +895,7 @@ impl RunConfig {
             ownership,
             admin_socket: o.admin_socket,
             admin_token_file: o.admin_token_file,
+            allow_unsupported_upgrade: o.allow_unsupported_upgrade,
             source,
         })
     }

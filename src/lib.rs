@@ -27,3 +27,4 @@ pub mod state;
 pub mod store;
 pub mod supervisor;
 pub mod telemetry;
+pub mod upgrade;

@@ -69,6 +69,17 @@ pub async fn run(
     if let Some(v) = etcd_version {
         crate::etcd::version::warn_known_issues(v, "etcd --version");
     }
+    let upgrade = match crate::upgrade::gate(
+        &config.backup.data_dir,
+        etcd_version,
+        config.allow_unsupported_upgrade,
+    ) {
+        Ok(note) => note,
+        Err(refused) => {
+            tracing::error!("unsupported etcd release path: {refused}");
+            return ExitStatus::Code(64);
+        }
+    };
     let shared = Shared {
         child: child_rx.clone(),
         health: health_rx.clone(),
@@ -84,6 +95,7 @@ pub async fn run(
         reaper: reaper.clone(),
         role,
         etcd_binary_version: etcd_version,
+        upgrade,
         started_at: SystemTime::now(),
         store: config.store.to_string(),
         supervisor_heartbeat: Heartbeat::new(),

@@ -37,6 +37,8 @@ pub struct Shared {
     pub role: InitRole,
     /// What `etcd --version` said before the first start (the server's own answer wins once seen).
     pub etcd_binary_version: Option<crate::etcd::version::Version>,
+    /// What the upgrade-path check said at start, when it had something to say.
+    pub upgrade: Option<String>,
     pub started_at: SystemTime,
     pub store: String,
     pub supervisor_heartbeat: Heartbeat,
@@ -163,6 +165,7 @@ impl Shared {
                 "leader": health.leader,
                 "checked_at": health.checked_at.map(to_unix),
                 "version": version.map(|v| v.to_string()),
+                "upgrade": self.upgrade,
                 "known_issues": known_issues,
             },
             "ownership": self.ownership_json(),

@@ -157,6 +157,11 @@ pub async fn run(
                     tracing::info!(version = v, "etcd reports its release");
                     if let Some(v) = super::version::Version::parse(v) {
                         super::version::warn_known_issues(v, "server");
+                        // The release that served this data dir: what the next start's upgrade
+                        // check compares with.
+                        if let Err(e) = crate::upgrade::record_release(&data_dir, v) {
+                            tracing::warn!(error = %e, "cannot record the etcd release beside the data dir");
+                        }
                     }
                 }
                 if previous_ok != h.healthy {

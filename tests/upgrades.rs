@@ -1,0 +1,225 @@
+//! etcd upgrades under the warden, with the real releases: the paths etcd supports start (3.5.30 →
+//! 3.6.16 → 3.7.3, data and leases kept, the release recorded beside the data dir), and every path
+//! it does not support is refused before etcd starts (exit 64), naming the supported path, with the
+//! data dir byte for byte as it was: a skipped minor, an older release on newer storage, and 3.5
+//! before 3.5.26 going to 3.6. `--allow-unsupported-upgrade` starts such a path and says so in
+//! /status.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use nix::sys::signal::Signal;
+
+const START: Duration = Duration::from_secs(60);
+
+/// Every file under `dir`, with its bytes.
+fn tree(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                out.insert(e.path(), std::fs::read(e.path()).unwrap());
+            }
+        }
+    }
+    out
+}
+
+fn record(data: &Path) -> Option<String> {
+    std::fs::read_to_string(format!("{}.warden-etcd-release", data.display()))
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+/// A data dir written by a plain `etcd` (no warden, so no release record) holding `k=v`.
+fn plain_data(etcd: &Path, dir: &Path, name: &str) -> PathBuf {
+    let data = dir.join(name);
+    let ip = unique_ip();
+    let e = PlainEtcd::start(etcd, &ip, &data, "m1");
+    etcdctl(&etcdctl_for(etcd), &ip, &["put", "k", "v"]).unwrap();
+    e.stop();
+    data
+}
+
+/// `run` with `etcd` on `data`, expected to refuse: its exit code and output.
+fn refused_run(etcd: &Path, dir: &Path, data: &Path, extra: &[&str]) -> (Option<i32>, String) {
+    let ip = unique_ip();
+    let mut cmd = Command::new(WARDEN);
+    cmd.args(["run", "--listen", &format!("{ip}:2378")])
+        .args(["--store", &format!("file://{}/store", dir.display())])
+        .args(extra)
+        .arg("--")
+        .arg(etcd)
+        .args(etcd_args(&ip, data));
+    let log = dir.join("refused-run.log");
+    let file = std::fs::File::create(&log).unwrap();
+    cmd.stdout(file.try_clone().unwrap()).stderr(file);
+    let mut child = dies_with_test(&mut cmd).process_group(0).spawn().unwrap();
+    // A start that is not refused keeps running: end it (its process group, etcd included) and
+    // report what it said.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if std::time::Instant::now() > deadline {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::killpg(pid, Signal::SIGKILL);
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    (status.and_then(|s| s.code()), text)
+}
+
+fn warden_on(etcd: &Path, ip: &str, dir: &Path, data: &Path, extra: &[&str]) -> Warden {
+    let store = format!("file://{}/store", dir.display());
+    let mut opts = vec!["--store", store.as_str(), "--delta-snapshot-period", "200ms"];
+    opts.extend_from_slice(extra);
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(ip, data));
+    let w = Warden::start(ip, &opts, &argv);
+    w.wait_ready(START);
+    w
+}
+
+#[test]
+fn unsupported_paths_are_refused_before_etcd_starts_and_leave_the_data_dir_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cases: Vec<(&str, PathBuf, PathBuf, &str)> = vec![
+        (
+            "3.4.23 data under 3.6.16 (a skipped minor)",
+            plain_data(&etcd34(), d, "from-3.4"),
+            etcd36(),
+            "run 3.5 on it first",
+        ),
+        (
+            "3.5.30 data under 3.7.3 (a skipped minor)",
+            plain_data(&etcd35_newest(), d, "from-3.5"),
+            etcd37(),
+            "run 3.6 on it first",
+        ),
+        (
+            "3.6.16 data under 3.5.30 (older release, newer storage)",
+            plain_data(&etcd36(), d, "from-3.6"),
+            etcd35_newest(),
+            "downgrade",
+        ),
+        (
+            "3.7.3 data under 3.6.16 (older release, newer storage)",
+            plain_data(&etcd37(), d, "from-3.7"),
+            etcd36(),
+            "downgrade",
+        ),
+    ];
+    for (what, data, etcd, want) in &cases {
+        let before = tree(data);
+        let (code, text) = refused_run(etcd, d, data, &[]);
+        assert_eq!(code, Some(64), "{what}: {text}");
+        assert!(
+            text.contains(want) && text.contains("--allow-unsupported-upgrade"),
+            "{what}: does not name {want:?} and the override:\n{text}"
+        );
+        assert_eq!(tree(data), before, "{what}: the data dir changed");
+        assert_eq!(record(data), None, "{what}: a release was recorded");
+    }
+}
+
+/// 3.5.16 ran under the warden (so the release is known), then 3.6.16: refused, naming 3.5.26;
+/// with `--allow-unsupported-upgrade` it starts, the data is there, and /status says it was allowed.
+#[test]
+fn a_3_5_release_before_3_5_26_is_refused_for_3_6_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = d.join("data");
+    let ip = unique_ip();
+    let mut w = warden_on(&etcd35(), &ip, d, &data, &[]);
+    etcdctl(&etcdctl_for(&etcd35()), &ip, &["put", "k", "from-3.5.16"]).unwrap();
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    assert_eq!(record(&data).as_deref(), Some("3.5.16"));
+
+    let before = tree(&data);
+    let (code, text) = refused_run(&etcd36(), d, &data, &[]);
+    assert_eq!(code, Some(64), "{text}");
+    assert!(
+        text.contains("etcd 3.5.16 last ran on this data dir") && text.contains("3.5.26"),
+        "{text}"
+    );
+    assert_eq!(tree(&data), before, "the data dir changed");
+
+    let w = warden_on(&etcd36(), &ip, d, &data, &["--allow-unsupported-upgrade"]);
+    let upgrade = w.status()["etcd"]["upgrade"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        upgrade.contains("allowed by --allow-unsupported-upgrade"),
+        "{upgrade:?}"
+    );
+    let value = etcdctl(&etcdctl_for(&etcd36()), &ip, &["get", "k", "--print-value-only"]).unwrap();
+    assert_eq!(value.trim(), "from-3.5.16");
+    assert_eq!(record(&data).as_deref(), Some("3.6.16"));
+}
+
+/// The supported path, one member: 3.5.30 → 3.6.16 → 3.7.3 under the warden, a key and a leased
+/// key written at each step all there at the end (the lease with its TTL, read by etcdctl), the
+/// release recorded at each start, nothing in /status about the upgrade.
+#[test]
+fn a_single_member_goes_3_5_to_3_6_to_3_7_keeping_data_and_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = d.join("data");
+    let ip = unique_ip();
+    let mut leases: Vec<(String, String)> = Vec::new();
+    for (etcd, release) in [
+        (etcd35_newest(), "3.5.30"),
+        (etcd36(), "3.6.16"),
+        (etcd37(), "3.7.3"),
+    ] {
+        let ctl = etcdctl_for(&etcd);
+        let mut w = warden_on(&etcd, &ip, d, &data, &[]);
+        assert_eq!(record(&data).as_deref(), Some(release));
+        assert_eq!(
+            w.status()["etcd"]["upgrade"],
+            serde_json::Value::Null,
+            "{release}"
+        );
+        assert_eq!(w.status()["etcd"]["version"], release);
+        // Everything the earlier releases wrote is there.
+        for (i, (lease, key)) in leases.iter().enumerate() {
+            let got = etcdctl(&ctl, &ip, &["get", key, "--print-value-only"]).unwrap();
+            assert_eq!(got.trim(), format!("v{i}"), "{key} under {release}");
+            let ttl = etcdctl(&ctl, &ip, &["lease", "timetolive", lease]).unwrap();
+            assert!(
+                ttl.contains("remaining(") && !ttl.contains("already expired"),
+                "{release}: {ttl}"
+            );
+        }
+        let granted = etcdctl(&ctl, &ip, &["lease", "grant", "3600"]).unwrap();
+        let lease = granted.split_whitespace().nth(1).unwrap().to_owned();
+        let key = format!("under-{release}");
+        etcdctl(
+            &ctl,
+            &ip,
+            &["put", &key, &format!("v{}", leases.len()), "--lease", &lease],
+        )
+        .unwrap();
+        leases.push((lease, key));
+        w.signal(Signal::SIGTERM);
+        w.wait_exit(START);
+    }
+}
