@@ -208,9 +208,20 @@ async fn list(url: &str, as_json: bool) -> i32 {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let result: Result<Vec<serde_json::Value>, crate::store::StoreError> = async {
+    let result: Result<Vec<serde_json::Value>, String> = async {
+        let chain_err = |e: crate::store::StoreError| crate::telemetry::error_chain(&e);
         let mut rows = Vec::new();
-        let (fulls, chains) = store.catalog_with_meta().await?;
+        let (fulls, chains) = store.catalog_with_meta().await.map_err(chain_err)?;
+        // The release that wrote each full, from its header (one small ranged read per full).
+        let mut versions = std::collections::HashMap::new();
+        for (n, _) in &fulls {
+            if matches!(n.layout, crate::store::layout::Layout::Warden)
+                && let Ok(h) = crate::store::format::read_header(store.inner.as_ref(), &n.key()).await
+                && !h.etcd_version.is_empty()
+            {
+                versions.insert(n.key(), h.etcd_version);
+            }
+        }
         for (n, m) in &fulls {
             rows.push((n.chain(), 0, *n, m.size));
         }
@@ -220,7 +231,7 @@ async fn list(url: &str, as_json: bool) -> i32 {
             }
         }
         rows.sort_by_key(|(base, order, n, _)| (*base, *order, n.last_revision(), n.created_ms));
-        Ok(rows
+        let mut out: Vec<serde_json::Value> = rows
             .into_iter()
             .map(|(chain, _, n, size)| {
                 let (kind, first, last, base, is_final) = match n.kind {
@@ -235,14 +246,28 @@ async fn list(url: &str, as_json: bool) -> i32 {
                     "created": humantime::format_rfc3339_millis(n.created()).to_string(),
                     "compression": n.compression_label(), "encryption": n.encryption.as_str(),
                     "layout": match n.layout {
-                        crate::store::layout::Layout::Warden => "warden",
+                        crate::store::layout::Layout::Warden | crate::store::layout::Layout::Rollback => "warden",
                         crate::store::layout::Layout::Gbr(g) if g.v1_dir.is_some() => "gbr-v1",
                         crate::store::layout::Layout::Gbr(_) => "gbr-v2",
                     },
                     "final": is_final, "size": size,
+                    "etcd_version": versions.get(&n.key()),
                 })
             })
-            .collect())
+            .collect();
+        // Rollback points: full snapshots taken before a newer etcd minor first started.
+        for (n, h, size) in crate::upgrade::rollback::list(&store).await? {
+            let rev = n.last_revision();
+            out.push(json!({
+                "key": n.key(), "kind": "rollback", "base": rev, "first": rev,
+                "last": rev, "chain": null,
+                "created": humantime::format_rfc3339_millis(n.created()).to_string(),
+                "compression": n.compression_label(), "encryption": n.encryption.as_str(),
+                "layout": "warden", "final": false, "size": size,
+                "etcd_version": h.etcd_version, "rollback_for": h.rollback_for,
+            }));
+        }
+        Ok(out)
     }
     .await;
     match result {
@@ -251,13 +276,13 @@ async fn list(url: &str, as_json: bool) -> i32 {
                 println!("{}", serde_json::to_string_pretty(&rows).unwrap_or_default());
             } else {
                 println!(
-                    "{:<6} {:>20} {:>20} {:<19} {:>12}  KEY",
-                    "KIND", "FIRST", "LAST", "CREATED", "SIZE"
+                    "{:<8} {:>20} {:>20} {:<19} {:>12} {:<7}  KEY",
+                    "KIND", "FIRST", "LAST", "CREATED", "SIZE", "ETCD"
                 );
                 for r in rows {
                     let created = r["created"].as_str().unwrap_or_default();
                     println!(
-                        "{:<6} {:>20} {:>20} {:<19} {:>12}  {}",
+                        "{:<8} {:>20} {:>20} {:<19} {:>12} {:<7}  {}",
                         format!(
                             "{}{}",
                             r["kind"].as_str().unwrap_or_default(),
@@ -267,6 +292,7 @@ async fn list(url: &str, as_json: bool) -> i32 {
                         r["last"].as_i64().unwrap_or(0),
                         &created[..created.len().min(19)],
                         r["size"].as_u64().unwrap_or(0),
+                        r["etcd_version"].as_str().unwrap_or("-"),
                         r["key"].as_str().unwrap_or_default()
                     );
                 }
@@ -275,9 +301,72 @@ async fn list(url: &str, as_json: bool) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("etcd-warden: {}", crate::telemetry::error_chain(&e));
+            eprintln!("etcd-warden: {e}");
             1
         }
+    }
+}
+
+/// The newest rollback point of data written by etcd `version` (`3.5` or `3.5.30`); exit 64
+/// naming the points there are when none matches.
+async fn rollback_point(store: &Store, version: &str) -> Result<crate::store::SnapshotName, i32> {
+    let points = crate::upgrade::rollback::list(store).await.map_err(|e| {
+        eprintln!("etcd-warden: {e}");
+        1
+    })?;
+    let matches = |v: &str| v == version || v.starts_with(&format!("{version}."));
+    match points.iter().rev().find(|(_, h, _)| matches(&h.etcd_version)) {
+        Some((name, h, _)) => {
+            println!(
+                "rollback point {} of data written by etcd {} (taken before etcd {} started on it), revision {}",
+                name.key(),
+                h.etcd_version,
+                h.rollback_for.as_deref().unwrap_or("?"),
+                name.last_revision()
+            );
+            Ok(*name)
+        }
+        None => {
+            let there: Vec<String> = points
+                .iter()
+                .map(|(n, h, _)| format!("{} (revision {})", h.etcd_version, n.last_revision()))
+                .collect();
+            eprintln!(
+                "etcd-warden: --etcd-version {version}: the store holds no rollback point of data written by etcd {version} ({}); `backups list` shows them; nothing was changed",
+                if there.is_empty() {
+                    "it holds none".to_owned()
+                } else {
+                    format!("it holds: {}", there.join(", "))
+                }
+            );
+            Err(EX_USAGE)
+        }
+    }
+}
+
+/// What a rollback loses: the revisions the store holds past the point, and when they were written.
+async fn print_rollback_loss(store: &Store, point: &crate::store::SnapshotName) {
+    use crate::restore::{Target, plan};
+    let newest = store.catalog().await.ok().and_then(|(fulls, chains)| {
+        let cand = plan::candidates(
+            &fulls,
+            &|c| chains.get(&c).cloned().unwrap_or_default(),
+            Target::Latest,
+        )
+        .into_iter()
+        .next()?;
+        let last_created = cand.deltas.last().unwrap_or(&cand.full).created_ms;
+        Some((cand.target_revision, last_created))
+    });
+    match newest {
+        Some((rev, at)) if rev > point.last_revision() => println!(
+            "LOST by this rollback: {} revisions ({}..={rev}), written between {} and {} (the newest backup); they stay in the store",
+            rev - point.last_revision(),
+            point.last_revision() + 1,
+            humantime::format_rfc3339_seconds(point.created()),
+            humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + std::time::Duration::from_millis(at)),
+        ),
+        _ => println!("LOST by this rollback: nothing (the store holds no revision past the rollback point)"),
     }
 }
 
@@ -516,9 +605,15 @@ pub async fn restore(
             return EX_USAGE;
         }
     };
-    let target = match target_of(args.to_revision, args.to_time.as_deref()) {
-        Ok(t) => t,
-        Err(code) => return code,
+    let target = match &args.etcd_version {
+        Some(v) => match rollback_point(&store, v).await {
+            Ok(point) => Target::Rollback(point),
+            Err(code) => return code,
+        },
+        None => match target_of(args.to_revision, args.to_time.as_deref()) {
+            Ok(t) => t,
+            Err(code) => return code,
+        },
     };
     if let Err(e) = bump_of(args.bump_revision, args.mark_compacted) {
         eprintln!("etcd-warden: {e}; nothing was changed");
@@ -562,6 +657,9 @@ pub async fn restore(
                                 "revision bumped by {} to {}; every revision up to it is marked compacted",
                                 report.bumped_by, report.revision
                             );
+                        }
+                        if let Target::Rollback(point) = target {
+                            print_rollback_loss(&store, &point).await;
                         }
                         if target != Target::Latest {
                             match store.catalog().await.ok().and_then(|(fulls, chains)| {

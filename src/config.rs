@@ -219,6 +219,11 @@ pub struct RestoreArgs {
     /// (without it that is exit 2; the restored data dir is left in place either way).
     #[arg(long)]
     pub accept_older: bool,
+    /// Roll back an etcd upgrade: restore the newest rollback point of data written by this etcd
+    /// release (3.5, or 3.5.30 exactly), which `run` took before a newer release first started on
+    /// it; --etcd names that older release's binary. Says how many revisions are lost
+    #[arg(long, value_name = "VERSION", conflicts_with_all = ["to_revision", "to_time"])]
+    pub etcd_version: Option<String>,
 }
 
 #[derive(Debug, Args)]

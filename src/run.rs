@@ -69,17 +69,27 @@ pub async fn run(
     if let Some(v) = etcd_version {
         crate::etcd::version::warn_known_issues(v, "etcd --version");
     }
-    let upgrade = match crate::upgrade::gate(
+    let gate = match crate::upgrade::gate(
         &config.backup.data_dir,
         etcd_version,
         config.allow_unsupported_upgrade,
     ) {
-        Ok(note) => note,
+        Ok(gate) => gate,
         Err(refused) => {
             tracing::error!("unsupported etcd release path: {refused}");
             return ExitStatus::Code(64);
         }
     };
+    if let (Some(from), Some(next)) = (&gate.upgrade_from, etcd_version)
+        && let Err(e) = rollback_point(&config, from, next).await
+    {
+        tracing::error!(
+            "no rollback point, so etcd {next} is not started on data that {from} wrote: {e} \
+             (fix the store and start again; the data dir is untouched)"
+        );
+        return ExitStatus::Code(1);
+    }
+    let upgrade = gate.note;
     let shared = Shared {
         child: child_rx.clone(),
         health: health_rx.clone(),
@@ -765,4 +775,37 @@ impl Terms {
         });
         None
     }
+}
+
+/// The rollback point before `next` first starts on data that `from` wrote (upgrade::rollback).
+async fn rollback_point(
+    config: &RunConfig,
+    from: &str,
+    next: crate::etcd::version::Version,
+) -> Result<(), String> {
+    let store = config
+        .backup
+        .open_store()
+        .map_err(|e| crate::telemetry::error_chain(&e))?;
+    let started = std::time::Instant::now();
+    tracing::info!(from, to = %next, "upgrade: taking a rollback point of the data before etcd {next} starts on it");
+    match crate::upgrade::rollback::take(
+        &store,
+        &config.backup.data_dir,
+        from,
+        next,
+        config.backup.compression,
+    )
+    .await?
+    {
+        Some((key, revision)) => tracing::info!(
+            key,
+            revision,
+            written_by = from,
+            seconds = started.elapsed().as_secs_f64(),
+            "rollback point uploaded"
+        ),
+        None => tracing::info!("the store already holds a rollback point at the data's revision"),
+    }
+    Ok(())
 }

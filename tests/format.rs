@@ -35,6 +35,7 @@ fn header(rev: i64) -> Header {
         etcd_version: "3.5.1".into(),
         writer: "test".into(),
         outside: None,
+        rollback_for: None,
         raft_term: None,
     }
 }

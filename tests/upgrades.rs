@@ -177,14 +177,22 @@ fn a_3_5_release_before_3_5_26_is_refused_for_3_6_unless_allowed() {
 
 /// The supported path, one member: 3.5.30 → 3.6.16 → 3.7.3 under the warden, a key and a leased
 /// key written at each step all there at the end (the lease with its TTL, read by etcdctl), the
-/// release recorded at each start, nothing in /status about the upgrade.
+/// release recorded at each start, nothing in /status about the upgrade. Before each newer minor
+/// first starts, a rollback point of the older release's data is in the store (`backups list`:
+/// its release, the one it was taken for, the revision etcd had at the stop), and the full names
+/// its release. Then the way back: `restore --etcd-version 3.5` with 3.5.30 restores the point
+/// taken before 3.6 (says how many revisions that loses), and etcd 3.5.30 serves exactly what
+/// was written under 3.5.30.
 #[test]
-fn a_single_member_goes_3_5_to_3_6_to_3_7_keeping_data_and_leases() {
+fn a_single_member_goes_3_5_to_3_6_to_3_7_keeping_data_and_leases_and_rolls_back() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let data = d.join("data");
+    let store = format!("file://{}/store", d.display());
     let ip = unique_ip();
     let mut leases: Vec<(String, String)> = Vec::new();
+    let mut stopped_at = Vec::new();
+    let mut newest = 0;
     for (etcd, release) in [
         (etcd35_newest(), "3.5.30"),
         (etcd36(), "3.6.16"),
@@ -219,7 +227,70 @@ fn a_single_member_goes_3_5_to_3_6_to_3_7_keeping_data_and_leases() {
         )
         .unwrap();
         leases.push((lease, key));
+        newest = etcd_revision(&ctl, &ip);
+        wait_for(
+            &format!("revision {newest} in the store under {release}"),
+            START,
+            || (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(newest)).then_some(()),
+        );
+        stopped_at.push(newest);
         w.signal(Signal::SIGTERM);
         w.wait_exit(START);
     }
+
+    let listed = backups_list(&store, &[]);
+    let points: Vec<(String, String, i64)> = listed
+        .iter()
+        .filter(|r| r["kind"] == "rollback")
+        .map(|r| {
+            (
+                r["etcd_version"].as_str().unwrap().to_owned(),
+                r["rollback_for"].as_str().unwrap().to_owned(),
+                r["last"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        points,
+        vec![
+            ("3.5.30".to_owned(), "3.6.16".to_owned(), stopped_at[0]),
+            ("3.6.16".to_owned(), "3.7.3".to_owned(), stopped_at[1]),
+        ],
+        "rollback points: {listed:#?}"
+    );
+    // The chain goes on across the upgrades: its full names the release that took it.
+    assert!(
+        listed
+            .iter()
+            .any(|r| r["kind"] == "full" && r["etcd_version"] == "3.5.30"),
+        "no full labelled 3.5.30: {listed:#?}"
+    );
+
+    // The way back to 3.5, with 3.5.30's tools.
+    let back = d.join("back-to-3.5");
+    let ip2 = unique_ip();
+    let out = restore_command_bumped(&store, &back, &etcd35_newest(), &ip2, &[])
+        .args(["--etcd-version", "3.5"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lost = newest - stopped_at[0];
+    assert!(
+        said.contains(&format!("LOST by this rollback: {lost} revisions")),
+        "the loss is not said ({lost} revisions): {said}"
+    );
+    let _plain = PlainEtcd::start(&etcd35_newest(), &ip2, &back, "m1");
+    let ctl = etcdctl_for(&etcd35_newest());
+    let keys = etcdctl(&ctl, &ip2, &["get", "under-", "--prefix", "--keys-only"]).unwrap();
+    let keys: Vec<&str> = keys.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(
+        keys,
+        vec!["under-3.5.30"],
+        "the rollback point holds what 3.5.30 wrote, and only that"
+    );
 }

@@ -114,6 +114,7 @@ fn verified(
             etcd_version: String::new(),
             writer: "etcd-backup-restore".into(),
             outside: None,
+            rollback_for: None,
         },
         footer: Footer {
             raw_bytes: raw,

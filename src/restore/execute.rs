@@ -154,11 +154,16 @@ pub async fn restore(
         });
     }
     let (fulls, chains) = store.catalog().await?;
-    let candidates = plan::candidates(
-        &fulls,
-        &|c| chains.get(&c).cloned().unwrap_or_default(),
-        opts.target,
-    );
+    let candidates = match opts.target {
+        Target::Rollback(point) => vec![plan::Candidate {
+            full: point,
+            deltas: Vec::new(),
+            target_revision: point.last_revision(),
+            stop_at: None,
+            gap: None,
+        }],
+        target => plan::candidates(&fulls, &|c| chains.get(&c).cloned().unwrap_or_default(), target),
+    };
     if candidates.is_empty() {
         let detail = if fulls.is_empty() {
             String::new()

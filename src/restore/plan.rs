@@ -26,6 +26,8 @@ pub enum Target {
     /// restore plan, so every member restores the same point of the same history, however late it
     /// applies the plan and whatever was written to the store since.
     ChainAt(ChainId, i64),
+    /// Exactly this rollback point (`upgrade::rollback`): a full snapshot outside the chains.
+    Rollback(SnapshotName),
 }
 
 /// One way to restore: a full snapshot and the deltas to apply after it.
@@ -74,6 +76,8 @@ pub fn candidates(
             Target::Revision(r) | Target::ChainAt(_, r) => f.last_revision() <= r,
             Target::Time(t) => f.created_ms <= t,
             Target::Full(c) => f.chain() == Some(c),
+            // Never among the chains (the executor takes it as it is).
+            Target::Rollback(_) => false,
         })
         .collect();
     fulls.sort_by_key(|f| (f.last_revision(), f.created_ms));
@@ -104,7 +108,7 @@ pub fn candidates(
                 // A gap: the chain ends here. It costs the restore revisions when the target
                 // wants any past it (a revision inside the gap too).
                 let wanted = match target {
-                    Target::Full(_) => false,
+                    Target::Full(_) | Target::Rollback(_) => false,
                     Target::Latest => true,
                     Target::Revision(r) | Target::ChainAt(_, r) => r >= next,
                     Target::Time(t) if d.created_ms <= t => true,

@@ -208,6 +208,7 @@ pub async fn upload(
         etcd_version: String::new(),
         writer: concat!("etcd-warden ", env!("CARGO_PKG_VERSION")).into(),
         outside: None,
+        rollback_for: None,
     };
     let mut comp = Packer::new(compression, &store.keys).map_err(SnapshotError::Compress)?;
     comp.write(&p.raw).map_err(SnapshotError::Compress)?;

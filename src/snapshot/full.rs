@@ -33,6 +33,8 @@ pub enum SnapshotError {
     Checksum { bytes: u64 },
     #[error("compress the snapshot")]
     Compress(#[source] std::io::Error),
+    #[error("read the data dir's db")]
+    ReadDb(#[source] std::io::Error),
     #[error(transparent)]
     Store(#[from] FormatError),
 }
@@ -44,6 +46,7 @@ impl SnapshotError {
             Self::Etcd { .. } => "etcd",
             Self::Checksum { .. } => "checksum",
             Self::Compress(_) => "compress",
+            Self::ReadDb(_) => "local",
             Self::Store(FormatError::Write { .. }) | Self::Store(FormatError::Read { .. }) => "store",
             Self::Store(FormatError::Corrupt { .. }) => "corrupt",
         }
@@ -137,6 +140,7 @@ pub async fn take_full(
         etcd_version: status.version().to_owned(),
         writer: concat!("etcd-warden ", env!("CARGO_PKG_VERSION")).into(),
         outside,
+        rollback_for: None,
     };
     let key = name.key();
     // Open etcd's stream first: if it cannot start, no upload is created at all.

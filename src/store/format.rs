@@ -68,6 +68,10 @@ pub struct Header {
     /// (`snapshot::outside`); a later difference makes the backup loop take a full soon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outside: Option<String>,
+    /// Rollback points (`v1/rollback/`): the etcd release that was about to start on the data when
+    /// this snapshot of it was taken; `etcd_version` names the release that wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_for: Option<String>,
 }
 
 /// Written after the payload.

@@ -163,6 +163,8 @@ pub enum Layout {
     Warden,
     /// Gardener's etcd-backup-restore, read in place (`crate::gbr`); never written or deleted.
     Gbr(crate::gbr::GbrName),
+    /// A rollback point: this program's format, under `v1/rollback/` (`crate::upgrade::rollback`).
+    Rollback,
 }
 
 /// A snapshot's identity, as encoded in its key.
@@ -230,7 +232,7 @@ impl SnapshotName {
     /// How the payload is compressed, as `backups list` shows it.
     pub fn compression_label(&self) -> &'static str {
         match self.layout {
-            Layout::Warden => self.compression.as_str(),
+            Layout::Warden | Layout::Rollback => self.compression.as_str(),
             Layout::Gbr(g) => g.compression.as_str(),
         }
     }
@@ -241,10 +243,15 @@ impl SnapshotName {
         }
         let created = format_time(self.created_ms);
         let (c, e) = (self.compression.as_str(), self.encryption.as_str());
+        let full_dir = if self.layout == Layout::Rollback {
+            "rollback"
+        } else {
+            "full"
+        };
         match self.kind {
             Kind::Full { revision, is_final } => {
                 let fin = if is_final { "-final" } else { "" };
-                format!("{VERSION_DIR}/full/full-{revision:020}-{created}-{c}-{e}{fin}.{EXTENSION}")
+                format!("{VERSION_DIR}/{full_dir}/full-{revision:020}-{created}-{c}-{e}{fin}.{EXTENSION}")
             }
             Kind::Delta {
                 base,

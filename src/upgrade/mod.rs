@@ -11,6 +11,8 @@
 //! ran on the data is known only from the warden's own record beside the data dir
 //! (`<data-dir>.warden-etcd-release`), written when etcd under the warden reports its release.
 
+pub mod rollback;
+
 use std::path::{Path, PathBuf};
 
 use crate::etcd::version::Version;
@@ -117,12 +119,21 @@ pub fn check(binary: Version, data: Version, last: Option<Version>) -> UpgradePa
     UpgradePath::Supported
 }
 
-/// Before etcd starts on `data_dir`: `Err` refuses the start (exit 64) with what to do; `Ok(Some)`
-/// starts with a note for the log and /status. No data dir, or a binary that did not say its
-/// version: nothing to check.
-pub fn gate(data_dir: &Path, binary: Option<Version>, allow: bool) -> Result<Option<String>, String> {
+/// What the check before the start decided.
+#[derive(Debug, Default)]
+pub struct Gate {
+    /// For the log and /status (`.etcd.upgrade`).
+    pub note: Option<String>,
+    /// A newer minor release is about to start on this data for the first time: the release that
+    /// wrote the data (or its minor, `3.5`, when no release was recorded), for the rollback point.
+    pub upgrade_from: Option<String>,
+}
+
+/// Before etcd starts on `data_dir`: `Err` refuses the start (exit 64) with what to do. No data
+/// dir, or a binary that did not say its version: nothing to check.
+pub fn gate(data_dir: &Path, binary: Option<Version>, allow: bool) -> Result<Gate, String> {
     let (Some(binary), Some(data)) = (binary, data_version(data_dir)) else {
-        return Ok(None);
+        return Ok(Gate::default());
     };
     let last = last_release(data_dir);
     let note = match check(binary, data, last) {
@@ -142,10 +153,14 @@ pub fn gate(data_dir: &Path, binary: Option<Version>, allow: bool) -> Result<Opt
             ));
         }
     };
+    let upgrade_from = (binary.major == data.major && binary.minor > data.minor).then(|| match last {
+        Some(l) if l.major == data.major && l.minor == data.minor => l.to_string(),
+        _ => format!("{}.{}", data.major, data.minor),
+    });
     if last.is_some_and(|l| l != binary) {
         tracing::info!(from = %last.unwrap_or(binary), to = %binary, storage = %data, "etcd release changed on this data dir");
     }
-    Ok(note)
+    Ok(Gate { note, upgrade_from })
 }
 
 #[cfg(test)]

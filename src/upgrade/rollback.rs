@@ -1,0 +1,141 @@
+//! Rollback points: before a newer minor release first starts on a data dir, a full snapshot of
+//! the data as the older release left it, in `<prefix>/v1/rollback/` (beside `v1/full/`, so
+//! restores of the newest backup and retention never take it for an ordinary full; `backups list`
+//! shows it). It is taken from the data dir's db file with etcd stopped: the same bytes etcd's
+//! snapshot stream sends (the bbolt file, then its sha256), so `etcdutl snapshot restore` and the
+//! warden's restore read it like any full snapshot. Its header names the release that wrote the
+//! data (`etcd_version`) and the one about to start (`rollback_for`).
+
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use crate::etcd::version::Version;
+use crate::restore::mvcc::MvccFile;
+use crate::snapshot::full::upload_stream;
+use crate::store::Store;
+use crate::store::format::{Footer, Header};
+use crate::store::layout::{self, Compression, Kind, SnapshotName};
+
+/// The directory of rollback points under the store's prefix.
+pub const DIR: &str = "v1/rollback";
+
+/// The name of a rollback point's key (layout `Rollback`, whose `key()` is under `v1/rollback/`),
+/// `None` for anything else.
+pub fn parse(key: &str) -> Option<SnapshotName> {
+    let rest = key.strip_prefix(&format!("{DIR}/"))?;
+    let mut name = SnapshotName::parse(&format!("v1/full/{rest}")).ok()?;
+    name.layout = layout::Layout::Rollback;
+    Some(name)
+}
+
+/// The rollback points in the store, oldest first, with each one's header and size.
+pub async fn list(store: &Store) -> Result<Vec<(SnapshotName, Header, u64)>, String> {
+    use futures_util::TryStreamExt;
+    let prefix = object_store::path::Path::from(DIR);
+    let metas: Vec<object_store::ObjectMeta> = store
+        .inner
+        .list(Some(&prefix))
+        .try_collect()
+        .await
+        .map_err(|e| format!("list {DIR} in {}: {e}", store.url))?;
+    let mut out = Vec::new();
+    for m in metas {
+        let key = m.location.to_string();
+        if let Some(name) = parse(&key) {
+            let header = crate::store::format::read_header(store.inner.as_ref(), &key)
+                .await
+                .map_err(|e| format!("read {key}: {}", crate::telemetry::error_chain(&e)))?;
+            out.push((name, header, m.size));
+        }
+    }
+    out.sort_by_key(|(n, _, _)| (n.last_revision(), n.created_ms));
+    Ok(out)
+}
+
+/// Takes the rollback point of `data_dir` (written by `written_by`, a release or a minor) before
+/// `next` starts on it; `Ok(None)` when the store already holds one at the data's revision (a
+/// start that failed and is tried again).
+pub async fn take(
+    store: &Store,
+    data_dir: &Path,
+    written_by: &str,
+    next: Version,
+    compression: Compression,
+) -> Result<Option<(String, i64)>, String> {
+    let db_path = data_dir.join("member").join("snap").join("db");
+    let revision = MvccFile::open(&db_path)
+        .map_err(|e| format!("read {}: {e}", db_path.display()))?
+        .revision();
+    if list(store)
+        .await?
+        .iter()
+        .any(|(n, _, _)| n.last_revision() == revision)
+    {
+        return Ok(None);
+    }
+    let name = SnapshotName {
+        kind: Kind::Full {
+            revision,
+            is_final: false,
+        },
+        created_ms: layout::now_ms(),
+        compression,
+        encryption: store.encryption(),
+        layout: layout::Layout::Rollback,
+    };
+    let key = name.key();
+    let header = Header {
+        format: 1,
+        kind: "full".into(),
+        revision: Some(revision),
+        base: None,
+        base_created: None,
+        first: None,
+        last: None,
+        created: humantime::format_rfc3339_millis(name.created()).to_string(),
+        compression,
+        encryption: store.encryption(),
+        is_final: false,
+        cluster_id: 0,
+        member_id: 0,
+        raft_term: None,
+        etcd_version: written_by.to_owned(),
+        writer: concat!("etcd-warden ", env!("CARGO_PKG_VERSION")).into(),
+        outside: None,
+        rollback_for: Some(next.to_string()),
+    };
+    // etcd's snapshot stream: the db file, then its sha256; read 1 MiB at a time.
+    let file = tokio::fs::File::open(&db_path)
+        .await
+        .map_err(|e| format!("open {}: {e}", db_path.display()))?;
+    let chunks = futures_util::stream::unfold(Some((file, Sha256::new())), |state| async move {
+        use tokio::io::AsyncReadExt;
+        let (mut file, mut hasher) = state?;
+        let mut buf = vec![0u8; 1 << 20];
+        match file.read(&mut buf).await {
+            Ok(0) => Some((Ok(hasher.finalize().to_vec()), None)),
+            Ok(n) => {
+                buf.truncate(n);
+                hasher.update(&buf);
+                Some((Ok(buf), Some((file, hasher))))
+            }
+            Err(e) => Some((Err(crate::snapshot::full::SnapshotError::ReadDb(e)), None)),
+        }
+    });
+    let (raw_bytes, sha, writer) = upload_stream(store, &key, &header, compression, chunks)
+        .await
+        .map_err(|e| crate::telemetry::error_chain(&e))?;
+    let footer = Footer {
+        raw_bytes,
+        etcd_sha256: Some(sha),
+        revision_after: Some(revision),
+        revisions: None,
+        events: None,
+    };
+    writer
+        .finish(&footer)
+        .await
+        .map_err(|e| crate::telemetry::error_chain(&e))?;
+    Ok(Some((key, revision)))
+}
