@@ -14,6 +14,12 @@ const INTERNAL: &[&str] = &[
     crate::restore::execute::REPLAY_THROUGH_ETCD,
     "ETCD_WARDEN_WRITE_REFERENCE",
     "ETCD_WARDEN_COMMIT",
+    // Read by the set-up scripts and the test suite, which share the environment with the warden.
+    "ETCD_WARDEN_CACHE",
+    "ETCD_WARDEN_STATIC_BIN",
+    "ETCD_WARDEN_FAULT_SECONDS",
+    "ETCD_WARDEN_FAULT_SEED",
+    "ETCD_WARDEN_TEST_NETNS",
 ];
 
 /// Every `ETCD_WARDEN_*` name an option of any command reads, plus the internal ones.
@@ -94,5 +100,46 @@ mod tests {
         ] {
             assert!(k.iter().any(|n| n == name), "{name} missing from {k:?}");
         }
+    }
+
+    /// Every ETCD_WARDEN_* name the repository's scripts and tests use is one the warden knows
+    /// (they share its environment: an unknown one would print a warning on every start).
+    #[test]
+    fn the_names_the_set_up_and_tests_use_are_known() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let known = known();
+        let mut unknown = Vec::new();
+        for dir in ["scripts", "tests", ".ci"] {
+            let mut stack = vec![root.join(dir)];
+            while let Some(d) = stack.pop() {
+                for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                    let p = e.path();
+                    if p.is_dir() {
+                        stack.push(p);
+                        continue;
+                    }
+                    let text = std::fs::read_to_string(&p).unwrap_or_default();
+                    for (i, _) in text.match_indices("ETCD_WARDEN_") {
+                        let name: String = text[i..]
+                            .chars()
+                            .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                            .collect();
+                        // The typos tests/cli.rs feeds on purpose, and the bare prefix.
+                        if name.len() > "ETCD_WARDEN_".len()
+                            && !known.contains(&name)
+                            && !["ETCD_WARDEN_STOER", "ETCD_WARDEN_STOP_TIMOUT"].contains(&name.as_str())
+                        {
+                            unknown.push(format!("{name} in {}", p.display()));
+                        }
+                    }
+                }
+            }
+        }
+        unknown.sort();
+        unknown.dedup();
+        assert!(
+            unknown.is_empty(),
+            "names the warden would warn about: {unknown:?}"
+        );
     }
 }
