@@ -69,8 +69,13 @@ pub async fn run(
     if let Some(v) = etcd_version {
         crate::etcd::version::warn_known_issues(v, "etcd --version");
     }
+    let wal_dir = config
+        .etcd
+        .wal_path()
+        .unwrap_or_else(|| config.backup.data_dir.join("member").join("wal"));
     let gate = match crate::upgrade::gate(
         &config.backup.data_dir,
+        &wal_dir,
         etcd_version,
         config.allow_unsupported_upgrade,
     ) {

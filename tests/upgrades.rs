@@ -54,13 +54,19 @@ fn plain_data(etcd: &Path, dir: &Path, name: &str) -> PathBuf {
 /// `run` with `etcd` on `data`, expected to refuse: its exit code and output.
 fn refused_run(etcd: &Path, dir: &Path, data: &Path, extra: &[&str]) -> (Option<i32>, String) {
     let ip = unique_ip();
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, data));
+    refused_run_argv(&ip, dir, &argv, extra)
+}
+
+/// The same with etcd's whole command line.
+fn refused_run_argv(ip: &str, dir: &Path, argv: &[String], extra: &[&str]) -> (Option<i32>, String) {
     let mut cmd = Command::new(WARDEN);
     cmd.args(["run", "--listen", &format!("{ip}:2378")])
         .args(["--store", &format!("file://{}/store", dir.display())])
         .args(extra)
         .arg("--")
-        .arg(etcd)
-        .args(etcd_args(&ip, data));
+        .args(argv);
     let log = dir.join("refused-run.log");
     let file = std::fs::File::create(&log).unwrap();
     cmd.stdout(file.try_clone().unwrap()).stderr(file);
@@ -293,4 +299,173 @@ fn a_single_member_goes_3_5_to_3_6_to_3_7_keeping_data_and_leases_and_rolls_back
         vec!["under-3.5.30"],
         "the rollback point holds what 3.5.30 wrote, and only that"
     );
+}
+
+/// Puts `k…` keys through any of `ips` (the client fails over while members restart) until told
+/// to stop; the acknowledged ones.
+fn writer_to_all(
+    ips: Vec<String>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<String>> {
+    std::thread::spawn(move || {
+        rt().block_on(async move {
+            let endpoints: Vec<String> = ips.iter().map(|ip| format!("http://{ip}:2379")).collect();
+            let opts = etcd_client::ConnectOptions::new()
+                .with_timeout(Duration::from_secs(2))
+                .with_connect_timeout(Duration::from_secs(2));
+            let mut client = None;
+            let mut acked = Vec::new();
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if client.is_none() {
+                    client = etcd_client::Client::connect(endpoints.clone(), Some(opts.clone()))
+                        .await
+                        .ok();
+                }
+                let k = format!("k{n:06}");
+                n += 1;
+                let ok = match client.as_mut() {
+                    Some(c) => c.put(k.as_str(), "v", None).await.is_ok(),
+                    None => false,
+                };
+                if ok {
+                    acked.push(k);
+                } else {
+                    client = None;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            acked
+        })
+    })
+}
+
+/// The storage version each member reports (`etcdctl endpoint status`, 3.6 and later).
+fn storage_versions(ctl: &Path, ips: &[String]) -> Vec<String> {
+    ips.iter()
+        .map(|ip| {
+            etcdctl(ctl, ip, &["endpoint", "status", "-w", "json"])
+                .ok()
+                .and_then(|out| serde_json::from_str::<serde_json::Value>(&out).ok())
+                .and_then(|v| v[0]["Status"]["storageVersion"].as_str().map(str::to_owned))
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Whether `data` holds a raft snapshot file written after `since`.
+fn snapshot_since(data: &Path, since: std::time::SystemTime) -> bool {
+    std::fs::read_dir(data.join("member/snap"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| {
+            e.path().extension().is_some_and(|x| x == "snap")
+                && e.metadata().and_then(|m| m.modified()).is_ok_and(|t| t > since)
+        })
+}
+
+/// A three-member rolling upgrade 3.5.30 → 3.6.16 → 3.7.3 under steady writes: each member's warden
+/// restarted with the new binary, one at a time, each ready on the new release before the next.
+/// On 3.6 the WAL still holds the v2 requests the cluster wrote under 3.5, which 3.7 cannot apply:
+/// the first 3.7 start is refused (exit 64, the data dir as it was), naming the fix; once each
+/// member ran 3.6 with a small --snapshot-count and took a raft snapshot, 3.7 starts. At the end
+/// every acknowledged write is in a restore of the store, which holds one contiguous chain.
+#[test]
+fn three_members_roll_from_3_5_to_3_6_to_3_7_under_writes_losing_nothing() {
+    use common::cluster::*;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let store = format!("file://{}/store", d.display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let data = |i: usize| d.join(format!("m{i}"));
+    let mut wardens = start_members(&etcd35_newest(), d, &store, &ips, "m", "rolling");
+    let base = wait_for("the first full", START, || {
+        let listed = backups_list(&store, &[]);
+        listed
+            .iter()
+            .find(|r| r["kind"] == "full")
+            .and_then(|r| r["last"].as_i64())
+    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writes = writer_to_all(ips.clone(), stop.clone());
+    // One member at a time onto `etcd` with `extra` etcd flags.
+    let mut roll = |wardens: &mut Vec<Option<Warden>>, etcd: &Path, release: &str, extra: &[&str]| {
+        for i in 0..3 {
+            let mut old = wardens[i].take().unwrap();
+            old.signal(Signal::SIGTERM);
+            assert_eq!(old.wait_exit(START), 143, "m{i} stopping for {release}");
+            let mut argv = member_args_token(etcd, &ips, i, &data(i), "rolling");
+            argv.extend(extra.iter().map(|s| s.to_string()));
+            let w = Warden::start(
+                &ips[i],
+                &["--store", &store, "--delta-snapshot-period", "200ms"],
+                &argv,
+            );
+            w.wait_ready(START);
+            assert_eq!(w.status()["etcd"]["version"], release, "m{i}");
+            wardens[i] = Some(w);
+        }
+    };
+    roll(&mut wardens, &etcd36(), "3.6.16", &[]);
+    let ctl36 = etcdctl_for(&etcd36());
+    wait_for("every member's storage version at 3.6.0", START, || {
+        storage_versions(&ctl36, &ips)
+            .iter()
+            .all(|v| v == "3.6.0")
+            .then_some(())
+    });
+
+    // 3.7 on m0 now: refused, nothing touched.
+    let mut m0 = wardens[0].take().unwrap();
+    m0.signal(Signal::SIGTERM);
+    assert_eq!(m0.wait_exit(START), 143);
+    let before = tree(&data(0));
+    let argv = member_args_token(&etcd37(), &ips, 0, &data(0), "rolling");
+    let (code, text) = refused_run_argv(&ips[0], d, &argv, &[]);
+    assert_eq!(code, Some(64), "{text}");
+    assert!(
+        text.contains("v2 format") && text.contains("--snapshot-count"),
+        "{text}"
+    );
+    assert_eq!(tree(&data(0)), before, "the refused start changed m0's data dir");
+    let argv = member_args_token(&etcd36(), &ips, 0, &data(0), "rolling");
+    let w = Warden::start(
+        &ips[0],
+        &["--store", &store, "--delta-snapshot-period", "200ms"],
+        &argv,
+    );
+    w.wait_ready(START);
+    wardens[0] = Some(w);
+
+    // The fix the refusal names: 3.6 with a small --snapshot-count until each member snapshots.
+    let since = std::time::SystemTime::now();
+    roll(&mut wardens, &etcd36(), "3.6.16", &["--snapshot-count", "50"]);
+    wait_for("a raft snapshot on every member", START, || {
+        (0..3).all(|i| snapshot_since(&data(i), since)).then_some(())
+    });
+    roll(&mut wardens, &etcd37(), "3.7.3", &[]);
+    let ctl = etcdctl_for(&etcd37());
+    wait_for("every member's storage version at 3.7.0", START, || {
+        storage_versions(&ctl, &ips)
+            .iter()
+            .all(|v| v == "3.7.0")
+            .then_some(())
+    });
+
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let acked = writes.join().unwrap();
+    assert!(acked.len() > 100, "only {} writes acknowledged", acked.len());
+    let newest = etcd_revision(&ctl, &ips[0]);
+    wait_for(&format!("revision {newest} in the store"), START, || {
+        wardens
+            .iter()
+            .flatten()
+            .any(|w| w.status()["backup"]["backed_up_revision"].as_i64() >= Some(newest))
+            .then_some(())
+    });
+    stop_all(&mut wardens);
+    assert_one_chain(&store, &[], base, newest, "after the rolling upgrade");
+    let (keys, _) = keys_after_restore(&etcd37(), &store, &[], "k");
+    assert_none_lost(&acked, &keys, "after the rolling upgrade");
 }

@@ -12,6 +12,7 @@
 //! (`<data-dir>.warden-etcd-release`), written when etcd under the warden reports its release.
 
 pub mod rollback;
+pub mod wal;
 
 use std::path::{Path, PathBuf};
 
@@ -131,12 +132,39 @@ pub struct Gate {
 
 /// Before etcd starts on `data_dir`: `Err` refuses the start (exit 64) with what to do. No data
 /// dir, or a binary that did not say its version: nothing to check.
-pub fn gate(data_dir: &Path, binary: Option<Version>, allow: bool) -> Result<Gate, String> {
-    let (Some(binary), Some(data)) = (binary, data_version(data_dir)) else {
+pub fn gate(data_dir: &Path, wal_dir: &Path, binary: Option<Version>, allow: bool) -> Result<Gate, String> {
+    let (Some(binary), Some(stored)) = (binary, data_version(data_dir)) else {
         return Ok(Gate::default());
     };
     let last = last_release(data_dir);
-    let note = match check(binary, data, last) {
+    // etcd 3.6 writes `storageVersion` only once the cluster version reached 3.6, and a member's db
+    // can lack it after 3.6 served it (seen on one member of three in a rolling upgrade). A release
+    // the warden saw serve this data, one minor above the stored version, is what the data went
+    // through.
+    let data = match last {
+        Some(l) if l.major == stored.major && l.minor == stored.minor + 1 => {
+            Version::new(l.major, l.minor, 0)
+        }
+        _ => stored,
+    };
+    let mut path = check(binary, data, last);
+    if matches!(path, UpgradePath::Supported | UpgradePath::Unverified(_))
+        && binary.major == 3
+        && binary.minor >= 7
+        && let Some(replay) = wal::replay(wal_dir)
+        && replay.v2_requests > 0
+    {
+        path = UpgradePath::Unsupported(format!(
+            "the WAL in {} holds {} requests in etcd 3.5's v2 format after its last raft snapshot (index {}), written while the cluster ran 3.5; \
+             etcd {binary} cannot apply them and panics at start (\"unmarshal should never fail\"). Let etcd 3.6 take a raft snapshot past them first: \
+             run 3.6 on this member until it has applied --snapshot-count more entries (default 10000), or restart it on 3.6 with a small \
+             --snapshot-count (such as 100) until a new file appears in member/snap",
+            wal_dir.display(),
+            replay.v2_requests,
+            replay.snapshot_index
+        ));
+    }
+    let note = match path {
         UpgradePath::Supported => None,
         UpgradePath::Unverified(m) => {
             tracing::warn!(etcd = %binary, storage = %data, "{m}");
