@@ -390,7 +390,7 @@ fn three_members_roll_from_3_5_to_3_6_to_3_7_under_writes_losing_nothing() {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writes = writer_to_all(ips.clone(), stop.clone());
     // One member at a time onto `etcd` with `extra` etcd flags.
-    let mut roll = |wardens: &mut Vec<Option<Warden>>, etcd: &Path, release: &str, extra: &[&str]| {
+    let roll = |wardens: &mut Vec<Option<Warden>>, etcd: &Path, release: &str, extra: &[&str]| {
         for i in 0..3 {
             let mut old = wardens[i].take().unwrap();
             old.signal(Signal::SIGTERM);
