@@ -503,9 +503,15 @@ pub async fn cluster_restore(args: crate::config::ClusterRestoreArgs) -> i32 {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let target = match target_of(args.to_revision, args.to_time.as_deref()) {
-        Ok(t) => t,
-        Err(code) => return code,
+    let target = match &args.etcd_version {
+        Some(v) => match rollback_point(&store, v).await {
+            Ok(point) => crate::restore::Target::Rollback(point),
+            Err(code) => return code,
+        },
+        None => match target_of(args.to_revision, args.to_time.as_deref()) {
+            Ok(t) => t,
+            Err(code) => return code,
+        },
     };
     if let Err(e) = bump_of(args.bump_revision, args.mark_compacted) {
         eprintln!("etcd-warden: {e}; nothing was written");

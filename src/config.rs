@@ -117,6 +117,11 @@ pub struct ClusterRestoreArgs {
         value_name = "FILE"
     )]
     pub identity: Option<PathBuf>,
+    /// Roll a cluster back after an etcd upgrade: every member restores the newest rollback point of
+    /// data written by this etcd release (3.5, or 3.5.30 exactly); start the members with that
+    /// release's binary. With --force when the members' data is sound
+    #[arg(long, value_name = "VERSION", conflicts_with_all = ["to_revision", "to_time"])]
+    pub etcd_version: Option<String>,
 }
 
 #[derive(Debug, Args)]

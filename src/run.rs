@@ -80,10 +80,21 @@ pub async fn run(
         config.allow_unsupported_upgrade,
     ) {
         Ok(gate) => gate,
-        Err(refused) => {
-            tracing::error!("unsupported etcd release path: {refused}");
-            return ExitStatus::Code(64);
-        }
+        Err(refused) => match forced_plan(&config).await {
+            // A forced cluster restore plan names this member: the start-up decision moves this
+            // data dir aside and restores the plan's point (a rollback to an older release).
+            Some(plan) => {
+                tracing::warn!(
+                    plan,
+                    "a forced cluster restore plan replaces this data dir before etcd starts; the release check does not apply to it: {refused}"
+                );
+                crate::upgrade::Gate::default()
+            }
+            None => {
+                tracing::error!("unsupported etcd release path: {refused}");
+                return ExitStatus::Code(64);
+            }
+        },
     };
     if let (Some(from), Some(next)) = (&gate.upgrade_from, etcd_version)
         && let Err(e) = rollback_point(&config, from, next).await
@@ -813,4 +824,13 @@ async fn rollback_point(
         None => tracing::info!("the store already holds a rollback point at the data's revision"),
     }
     Ok(())
+}
+
+/// The id of a forced cluster restore plan this member has yet to apply, if the store holds one.
+async fn forced_plan(config: &RunConfig) -> Option<String> {
+    let store = config.backup.open_store().ok()?;
+    let plan = crate::cluster::restore::pending_plan(&store, &config.etcd.name, &config.backup.data_dir)
+        .await
+        .ok()??;
+    plan.force.then_some(plan.id)
 }

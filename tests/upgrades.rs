@@ -468,4 +468,58 @@ fn three_members_roll_from_3_5_to_3_6_to_3_7_under_writes_losing_nothing() {
     assert_one_chain(&store, &[], base, newest, "after the rolling upgrade");
     let (keys, _) = keys_after_restore(&etcd37(), &store, &[], "k");
     assert_none_lost(&acked, &keys, "after the rolling upgrade");
+
+    // Back to 3.5.30: one forced plan at the newest 3.5.30 rollback point, the members started
+    // with 3.5.30 on the data 3.7.3 served; one cluster, one HashKV, at the point plus the bump.
+    let point = backups_list(&store, &[])
+        .iter()
+        .filter(|r| r["kind"] == "rollback" && r["etcd_version"] == "3.5.30")
+        .filter_map(|r| r["last"].as_i64())
+        .max()
+        .expect("a 3.5.30 rollback point");
+    let out = Command::new(WARDEN)
+        .args([
+            "cluster",
+            "restore",
+            "--store",
+            &store,
+            "--etcd-version",
+            "3.5.30",
+            "--force",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let back: Vec<Option<Warden>> = (0..3)
+        .map(|i| {
+            let argv = member_args_token(&etcd35_newest(), &ips, i, &data(i), "rolling");
+            Some(Warden::start(
+                &ips[i],
+                &["--store", &store, "--delta-snapshot-period", "200ms"],
+                &argv,
+            ))
+        })
+        .collect();
+    for w in back.iter().flatten() {
+        w.wait_ready(START);
+        assert_eq!(w.status()["etcd"]["version"], "3.5.30");
+    }
+    let ctl = etcdctl_for(&etcd35_newest());
+    let revs: Vec<i64> = ips.iter().map(|ip| etcd_revision(&ctl, ip)).collect();
+    assert!(
+        revs.iter().all(|r| *r == point + 1_000_000_000),
+        "revisions {revs:?}, point {point}"
+    );
+    let hashes: Vec<u64> = ips.iter().map(|ip| hashkv(&ctl, ip, 0)).collect();
+    assert!(
+        hashes.iter().all(|h| *h == hashes[0]),
+        "members hash differently: {hashes:?}"
+    );
+    let mut back = back;
+    stop_all(&mut back);
 }

@@ -124,10 +124,14 @@ pub async fn apply(
         initial_cluster_token: Some(plan.token.clone()),
         // The plan's own chain and revision, never "the newest backup at apply time": a member
         // that applies late restores what the others did (retention keeps that chain meanwhile).
-        target: match SnapshotName::parse(&plan.full).ok().and_then(|n| n.chain()) {
-            Some(chain) if plan.full_only => Target::Full(chain),
-            Some(chain) => Target::ChainAt(chain, plan.target_revision),
-            None => {
+        target: match (
+            crate::upgrade::rollback::parse(&plan.full),
+            SnapshotName::parse(&plan.full).ok().and_then(|n| n.chain()),
+        ) {
+            (Some(point), _) => Target::Rollback(point),
+            (None, Some(chain)) if plan.full_only => Target::Full(chain),
+            (None, Some(chain)) => Target::ChainAt(chain, plan.target_revision),
+            (None, None) => {
                 return Err(format!(
                     "restore plan {}: {:?} is not a full snapshot's key",
                     plan.id, plan.full
@@ -286,11 +290,19 @@ pub async fn write_plan(store: &Store, req: &PlanRequest) -> Result<Plan, PlanEr
         return Err("no members to restore (the store's record lists none): give --initial-cluster".into());
     }
     let (fulls, chains) = store.catalog().await.map_err(err)?;
-    let candidates = crate::restore::plan::candidates(
-        &fulls,
-        &|c| chains.get(&c).cloned().unwrap_or_default(),
-        req.target,
-    );
+    let candidates = match req.target {
+        // A rollback point is restored as it is, outside the chains.
+        Target::Rollback(point) => vec![crate::restore::plan::Candidate {
+            full: point,
+            deltas: Vec::new(),
+            target_revision: point.last_revision(),
+            stop_at: None,
+            gap: None,
+        }],
+        target => {
+            crate::restore::plan::candidates(&fulls, &|c| chains.get(&c).cloned().unwrap_or_default(), target)
+        }
+    };
     let chosen = candidates
         .first()
         .ok_or_else(|| format!("the store has no backup for {:?}", req.target))?;
