@@ -62,6 +62,148 @@ fn keys(to: Option<&String>, to_file: Option<&PathBuf>, identity: Option<&Path>)
     })
 }
 
+/// A client of `endpoints` (comma-separated URLs), with TLS files for https; the endpoints too.
+async fn connect(
+    endpoints: &str,
+    ca: &Option<PathBuf>,
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+) -> Result<(Vec<String>, etcd_client::Client), i32> {
+    let list: Vec<String> = endpoints
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
+    if list.is_empty() || list.iter().any(|e| url::Url::parse(e).is_err()) {
+        eprintln!(
+            "etcd-warden: --endpoints {endpoints:?}: not a list of URLs (write e.g. http://127.0.0.1:2379)"
+        );
+        return Err(EX_USAGE);
+    }
+    let tls = list.iter().any(|e| e.starts_with("https://")).then(|| TlsFiles {
+        ca: ca.clone(),
+        identity: cert.clone().zip(key.clone()),
+    });
+    let cfg = ClientConfig {
+        endpoints: list.clone(),
+        tls,
+        timeout: Duration::from_secs(10),
+        user: None,
+    };
+    match cfg.connect().await {
+        Ok(c) => Ok((list, c)),
+        Err(e) => {
+            eprintln!("etcd-warden: {}", crate::telemetry::error_chain(&e));
+            Err(1)
+        }
+    }
+}
+
+/// `etcd-warden downgrade VERSION`: etcd's own downgrade, validated, enabled and waited for.
+pub async fn downgrade(args: crate::config::DowngradeArgs) -> i32 {
+    use etcd_client::DowngradeOptions;
+    // "3.6" or "3.6.0": a minor release.
+    let Some(target) =
+        crate::etcd::version::Version::parse(&format!("{}.0", args.version.trim_end_matches(".0")))
+    else {
+        eprintln!(
+            "etcd-warden: downgrade {:?}: not a minor release (write e.g. 3.6)",
+            args.version
+        );
+        return EX_USAGE;
+    };
+    let (endpoints, client) = match connect(&args.endpoints, &args.cacert, &args.cert, &args.key).await {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    // One client per member: a status answer is that member's own.
+    let mut members = Vec::new();
+    for e in &endpoints {
+        match connect(e, &args.cacert, &args.cert, &args.key).await {
+            Ok((_, c)) => members.push((e.clone(), c)),
+            Err(code) => return code,
+        }
+    }
+    // Every member's release now.
+    let mut running = Vec::new();
+    for (e, c) in members.iter_mut() {
+        match c.status().await {
+            Ok(s) => running.push((e.clone(), s.version().to_owned())),
+            Err(err) => {
+                eprintln!(
+                    "etcd-warden: status of {e}: {err} (every member must answer; nothing was changed)"
+                );
+                return 1;
+            }
+        }
+    }
+    let now = running
+        .iter()
+        .filter_map(|(_, v)| crate::etcd::version::Version::parse(v))
+        .min()
+        .unwrap_or(target);
+    if now.minor != target.minor + 1 || now.major != target.major {
+        eprintln!(
+            "etcd-warden: downgrade {}: the members run {} and etcd goes back one minor release at a time (to {}.{}); nothing was changed",
+            args.version,
+            running
+                .iter()
+                .map(|(e, v)| format!("{e} {v}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            now.major,
+            now.minor.saturating_sub(1)
+        );
+        return EX_USAGE;
+    }
+    if now.minor < 6 {
+        eprintln!(
+            "etcd-warden: etcd {now} has no complete downgrade; the way back to {}.{} is a rollback restore (`restore --etcd-version {}.{}`, or `cluster restore --etcd-version {}.{} --force`); nothing was changed",
+            target.major, target.minor, target.major, target.minor, target.major, target.minor
+        );
+        return EX_USAGE;
+    }
+    let v = format!("{}.{}", target.major, target.minor);
+    for (what, options) in [
+        ("validate", DowngradeOptions::Validate(v.clone())),
+        ("enable", DowngradeOptions::Enable(v.clone())),
+    ] {
+        if let Err(e) = client.maintenance_client().downgrade(options).await {
+            eprintln!("etcd-warden: etcd refused downgrade {what} {v}: {e}");
+            return 1;
+        }
+        println!("downgrade {what} {v}: accepted");
+    }
+    let want = format!("{v}.0");
+    let deadline = std::time::Instant::now() + args.timeout;
+    loop {
+        let mut behind = Vec::new();
+        for (e, c) in members.iter_mut() {
+            match c.status().await {
+                Ok(s) if s.storage_version() == want => {}
+                Ok(s) => behind.push(format!("{e} at {}", s.storage_version())),
+                Err(err) => behind.push(format!("{e}: {err}")),
+            }
+        }
+        if behind.is_empty() {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            eprintln!(
+                "etcd-warden: the storage version is not {want} on every member after {:?}: {} (etcdctl downgrade cancel undoes the downgrade)",
+                args.timeout,
+                behind.join(", ")
+            );
+            return 1;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    println!(
+        "every member's storage version is {want}: restart each member's warden with etcd {v}, one at a time, each ready before the next (the warden lets {v} start on this data). Before the first restart, `etcdctl downgrade cancel` undoes it."
+    );
+    0
+}
+
 pub async fn snapshot(args: SnapshotArgs) -> i32 {
     let keys = match keys(args.encrypt_to.as_ref(), args.encrypt_to_file.as_ref(), None) {
         Ok(k) => k,
@@ -71,38 +213,9 @@ pub async fn snapshot(args: SnapshotArgs) -> i32 {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let endpoints: Vec<String> = args
-        .endpoints
-        .split(',')
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .collect();
-    if endpoints.is_empty() || endpoints.iter().any(|e| url::Url::parse(e).is_err()) {
-        eprintln!(
-            "etcd-warden: --endpoints {:?}: not a list of URLs (write e.g. http://127.0.0.1:2379)",
-            args.endpoints
-        );
-        return EX_USAGE;
-    }
-    let tls = endpoints
-        .iter()
-        .any(|e| e.starts_with("https://"))
-        .then(|| TlsFiles {
-            ca: args.cacert.clone(),
-            identity: args.cert.clone().zip(args.key.clone()),
-        });
-    let cfg = ClientConfig {
-        endpoints,
-        tls,
-        timeout: Duration::from_secs(10),
-        user: None,
-    };
-    let mut client = match cfg.connect().await {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("etcd-warden: {}", crate::telemetry::error_chain(&e));
-            return 1;
-        }
+    let mut client = match connect(&args.endpoints, &args.cacert, &args.cert, &args.key).await {
+        Ok(c) => c.1,
+        Err(code) => return code,
     };
     let progress = crate::telemetry::Progress::terminal();
     let result = full::take_full(&mut client, &store, args.compression, false, None, &progress).await;

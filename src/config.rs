@@ -69,6 +69,36 @@ pub enum Command {
     /// Multi-member clusters.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Start etcd's own downgrade to the previous minor release (validate, enable, wait until every
+    /// member's storage version is lowered), then say how to restart the members with it.
+    Downgrade(DowngradeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DowngradeArgs {
+    /// The release to go back to: the previous minor, e.g. 3.6 from 3.7.
+    #[arg(value_name = "VERSION")]
+    pub version: String,
+    /// etcd client URLs of every member, comma-separated.
+    #[arg(
+        long,
+        env = "ETCD_WARDEN_ENDPOINTS",
+        default_value = "http://127.0.0.1:2379",
+        value_name = "URLS"
+    )]
+    pub endpoints: String,
+    /// CA certificate to verify etcd (https endpoints).
+    #[arg(long = "etcd-ca", alias = "cacert", value_name = "FILE")]
+    pub cacert: Option<PathBuf>,
+    /// Client certificate, when etcd requires one.
+    #[arg(long = "etcd-cert", alias = "cert", value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// Client key.
+    #[arg(long = "etcd-key", alias = "key", value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// Give up waiting for the storage versions after this long.
+    #[arg(long, default_value = "5m", value_parser = parse_duration_arg)]
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Subcommand)]

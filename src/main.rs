@@ -45,6 +45,7 @@ fn main() {
         Command::Cluster(etcd_warden::config::ClusterCommand::Restore(args)) => {
             one_shot_quiet(cli::cluster_restore(args))
         }
+        Command::Downgrade(args) => one_shot_quiet(cli::downgrade(args)),
     };
     exit(code);
 }

@@ -523,3 +523,59 @@ fn three_members_roll_from_3_5_to_3_6_to_3_7_under_writes_losing_nothing() {
     let mut back = back;
     stop_all(&mut back);
 }
+
+/// etcd's own downgrade is a path the warden lets through: `etcd-warden downgrade 3.6` against
+/// 3.7.3 (validate, enable, wait) lowers the storage version (as `etcdctl endpoint status` then
+/// reports), and 3.6.16 starts on the data with it kept; before the downgrade the same start is
+/// refused, and a downgrade by two minors is refused without touching etcd.
+#[test]
+fn etcds_own_downgrade_from_3_7_to_3_6_is_let_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = d.join("data");
+    let ip = unique_ip();
+    let ctl = etcdctl_for(&etcd37());
+    let mut w = warden_on(&etcd37(), &ip, d, &data, &[]);
+    etcdctl(&ctl, &ip, &["put", "k", "written-by-3.7"]).unwrap();
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    let (code, text) = refused_run(&etcd36(), d, &data, &[]);
+    assert_eq!(code, Some(64), "3.6.16 before the downgrade: {text}");
+
+    let w = warden_on(&etcd37(), &ip, d, &data, &[]);
+    // One minor at a time, and 3.5 has no complete downgrade: refused, nothing changed.
+    let endpoint = format!("http://{ip}:2379");
+    let out = Command::new(WARDEN)
+        .args(["downgrade", "3.5", "--endpoints", &endpoint])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(WARDEN)
+        .args(["downgrade", "3.6", "--endpoints", &endpoint, "--timeout", "60s"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("storage version is 3.6.0"), "{said}");
+    // etcd's own word, not the command's.
+    assert_eq!(
+        storage_versions(&ctl, std::slice::from_ref(&ip)),
+        vec!["3.6.0".to_owned()]
+    );
+    let mut w = w;
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+    let w = warden_on(&etcd36(), &ip, d, &data, &[]);
+    assert_eq!(w.status()["etcd"]["version"], "3.6.16");
+    let got = etcdctl(&etcdctl_for(&etcd36()), &ip, &["get", "k", "--print-value-only"]).unwrap();
+    assert_eq!(got.trim(), "written-by-3.7");
+}

@@ -21,6 +21,11 @@ use crate::restore::bolt::{BoltFile, BucketValue};
 
 /// The storage version of the data dir's db, `None` when there is no readable db.
 pub fn data_version(data_dir: &Path) -> Option<Version> {
+    stored_version(data_dir).map(|(v, _)| v)
+}
+
+/// The storage version, and whether the db says it (`storageVersion`) rather than etcd's fallback.
+fn stored_version(data_dir: &Path) -> Option<(Version, bool)> {
     let db = BoltFile::open(&data_dir.join("member").join("snap").join("db")).ok()?;
     let root = db.root_items().ok()?;
     let (_, _, meta) = root.iter().find(|(_, k, _)| k.as_slice() == b"meta")?;
@@ -32,14 +37,15 @@ pub fn data_version(data_dir: &Path) -> Option<Version> {
             .map(|(_, _, v)| v.clone())
     };
     if let Some(v) = value(b"storageVersion") {
-        return Version::parse(&String::from_utf8_lossy(&v));
+        return Version::parse(&String::from_utf8_lossy(&v)).map(|v| (v, true));
     }
     let term = value(b"term").filter(|t| t.len() == 8 && t.iter().any(|b| *b != 0));
-    Some(if term.is_some() {
+    let fallback = if term.is_some() {
         Version::new(3, 5, 0)
     } else {
         Version::new(3, 4, 0)
-    })
+    };
+    Some((fallback, false))
 }
 
 /// Where the warden records the release that last served a data dir.
@@ -133,16 +139,16 @@ pub struct Gate {
 /// Before etcd starts on `data_dir`: `Err` refuses the start (exit 64) with what to do. No data
 /// dir, or a binary that did not say its version: nothing to check.
 pub fn gate(data_dir: &Path, wal_dir: &Path, binary: Option<Version>, allow: bool) -> Result<Gate, String> {
-    let (Some(binary), Some(stored)) = (binary, data_version(data_dir)) else {
+    let (Some(binary), Some((stored, said))) = (binary, stored_version(data_dir)) else {
         return Ok(Gate::default());
     };
     let last = last_release(data_dir);
     // etcd 3.6 writes `storageVersion` only once the cluster version reached 3.6, and a member's db
-    // can lack it after 3.6 served it (seen on one member of three in a rolling upgrade). A release
-    // the warden saw serve this data, one minor above the stored version, is what the data went
-    // through.
+    // can lack it after 3.6 served it (seen on one member of three in a rolling upgrade). Without
+    // the key, a release the warden saw serve this data, one minor above etcd's fallback, is what
+    // the data went through. A key that is there is etcd's word (its downgrade lowers it).
     let data = match last {
-        Some(l) if l.major == stored.major && l.minor == stored.minor + 1 => {
+        Some(l) if !said && l.major == stored.major && l.minor == stored.minor + 1 => {
             Version::new(l.major, l.minor, 0)
         }
         _ => stored,
