@@ -104,11 +104,11 @@ pub async fn downgrade(args: crate::config::DowngradeArgs) -> i32 {
     use etcd_client::DowngradeOptions;
     // "3.6" or "3.6.0": a minor release.
     let Some(target) =
-        crate::etcd::version::Version::parse(&format!("{}.0", args.version.trim_end_matches(".0")))
+        crate::etcd::version::Version::parse(&format!("{}.0", args.target.trim_end_matches(".0")))
     else {
         eprintln!(
             "etcd-warden: downgrade {:?}: not a minor release (write e.g. 3.6)",
-            args.version
+            args.target
         );
         return EX_USAGE;
     };
@@ -145,7 +145,7 @@ pub async fn downgrade(args: crate::config::DowngradeArgs) -> i32 {
     if now.minor != target.minor + 1 || now.major != target.major {
         eprintln!(
             "etcd-warden: downgrade {}: the members run {} and etcd goes back one minor release at a time (to {}.{}); nothing was changed",
-            args.version,
+            args.target,
             running
                 .iter()
                 .map(|(e, v)| format!("{e} {v}"))

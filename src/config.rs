@@ -78,7 +78,7 @@ pub enum Command {
 pub struct DowngradeArgs {
     /// The release to go back to: the previous minor, e.g. 3.6 from 3.7.
     #[arg(value_name = "VERSION")]
-    pub version: String,
+    pub target: String,
     /// etcd client URLs of every member, comma-separated.
     #[arg(
         long,
