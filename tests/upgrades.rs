@@ -407,7 +407,12 @@ fn three_members_roll_from_3_5_to_3_6_to_3_7_under_writes_losing_nothing() {
             wardens[i] = Some(w);
         }
     };
+    let rolling = std::time::Instant::now();
     roll(&mut wardens, &etcd36(), "3.6.16", &[]);
+    eprintln!(
+        "three members rolled 3.5.30 -> 3.6.16 under writes in {:?}",
+        rolling.elapsed()
+    );
     let ctl36 = etcdctl_for(&etcd36());
     wait_for("every member's storage version at 3.6.0", START, || {
         storage_versions(&ctl36, &ips)
@@ -444,7 +449,12 @@ fn three_members_roll_from_3_5_to_3_6_to_3_7_under_writes_losing_nothing() {
     wait_for("a raft snapshot on every member", START, || {
         (0..3).all(|i| snapshot_since(&data(i), since)).then_some(())
     });
+    let rolling = std::time::Instant::now();
     roll(&mut wardens, &etcd37(), "3.7.3", &[]);
+    eprintln!(
+        "three members rolled 3.6.16 -> 3.7.3 under writes in {:?}",
+        rolling.elapsed()
+    );
     let ctl = etcdctl_for(&etcd37());
     wait_for("every member's storage version at 3.7.0", START, || {
         storage_versions(&ctl, &ips)
@@ -456,6 +466,7 @@ fn three_members_roll_from_3_5_to_3_6_to_3_7_under_writes_losing_nothing() {
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let acked = writes.join().unwrap();
     assert!(acked.len() > 100, "only {} writes acknowledged", acked.len());
+    eprintln!("{} writes acknowledged during the upgrades", acked.len());
     let newest = etcd_revision(&ctl, &ips[0]);
     wait_for(&format!("revision {newest} in the store"), START, || {
         wardens
