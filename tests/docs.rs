@@ -89,3 +89,11 @@ fn the_checks_catch_what_they_name() {
     assert_eq!(commit_like("commit 67703af landed"), Some("67703af"));
     assert_eq!(commit_like("revision 1000000000"), None);
 }
+
+/// README is for deciding and starting: under 150 lines, everything else in docs/.
+#[test]
+fn readme_stays_under_150_lines() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let n = readme.lines().count();
+    assert!(n < 150, "README.md has {n} lines: move detail to docs/");
+}
