@@ -272,6 +272,22 @@ fn a_single_member_goes_3_5_to_3_6_to_3_7_keeping_data_and_leases_and_rolls_back
         "no full labelled 3.5.30: {listed:#?}"
     );
 
+    // Each delta's header names the release that served its revisions: one chain, three releases.
+    let mut delta_releases = std::collections::BTreeSet::new();
+    for f in tree(&d.join("store/v1/delta")).keys() {
+        let bytes = std::fs::read(f).unwrap();
+        assert_eq!(&bytes[..8], b"EWARDEN1", "{}", f.display());
+        let len = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[12..12 + len]).unwrap();
+        delta_releases.insert(header["etcd_version"].as_str().unwrap_or_default().to_owned());
+    }
+    for release in ["3.5.30", "3.6.16", "3.7.3"] {
+        assert!(
+            delta_releases.contains(release),
+            "no delta labelled {release}: {delta_releases:?}"
+        );
+    }
+
     // The way back to 3.5, with 3.5.30's tools.
     let back = d.join("back-to-3.5");
     let ip2 = unique_ip();

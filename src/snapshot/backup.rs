@@ -1101,6 +1101,7 @@ impl Backup {
             cluster_id: self.identity.cluster_id,
             member_id: self.identity.member_id,
             raft_term: self.identity.raft_term,
+            etcd_version: self.health.borrow().version.clone().unwrap_or_default(),
         };
         match delta::upload(store, &pending, self.cfg.compression, writer).await {
             Ok(r) => {

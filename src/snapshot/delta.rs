@@ -148,11 +148,13 @@ impl DeltaBuffer {
 }
 
 /// Who wrote a delta: the cluster, member and raft term it recorded the header with (0: unknown).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Writer {
     pub cluster_id: u64,
     pub member_id: u64,
     pub raft_term: u64,
+    /// The etcd release that served the revisions (empty when unknown).
+    pub etcd_version: String,
 }
 
 #[derive(Debug, Clone)]
@@ -205,7 +207,7 @@ pub async fn upload(
         cluster_id: writer.cluster_id,
         member_id: writer.member_id,
         raft_term: (writer.raft_term > 0).then_some(writer.raft_term),
-        etcd_version: String::new(),
+        etcd_version: writer.etcd_version,
         writer: concat!("etcd-warden ", env!("CARGO_PKG_VERSION")).into(),
         outside: None,
         rollback_for: None,
