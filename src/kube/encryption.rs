@@ -85,40 +85,16 @@ pub fn needed_by(value: &[u8]) -> Option<String> {
 }
 
 /// Reads the protobuf fields 1 (key) and 5 (value) of an `mvccpb.KeyValue`.
-fn key_and_value(mut b: &[u8]) -> Option<(&[u8], &[u8])> {
-    fn varint(b: &mut &[u8]) -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&byte, rest) = b.split_first()?;
-            *b = rest;
-            v |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Some(v);
-            }
-        }
-        None
-    }
-    let (mut key, mut value): (&[u8], &[u8]) = (&[], &[]);
-    while !b.is_empty() {
-        let tag = varint(&mut b)?;
-        match tag & 7 {
-            0 => {
-                varint(&mut b)?;
-            }
-            2 => {
-                let len = usize::try_from(varint(&mut b)?).ok()?;
-                let (field, rest) = (b.get(..len)?, b.get(len..)?);
-                b = rest;
-                match tag >> 3 {
-                    1 => key = field,
-                    5 => value = field,
-                    _ => {}
-                }
-            }
-            _ => return None,
-        }
-    }
-    Some((key, value))
+fn key_and_value(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    let fields = crate::etcd::proto::fields(b)?;
+    let bytes = |n: u64| {
+        fields
+            .iter()
+            .rev()
+            .find(|f| f.0 == n && f.1 == 2)
+            .map_or(&[][..], |f| f.3)
+    };
+    Some((bytes(1), bytes(5)))
 }
 
 /// For the database at `db`: each key name the newest versions of its keys need, with how many

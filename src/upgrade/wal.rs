@@ -12,56 +12,14 @@
 //! term 2, index 3, data 4}; snapshot records (type 5) a `walpb.Snapshot` {index 1, term 2}.
 
 use std::collections::BTreeMap;
+
+use crate::etcd::proto::fields;
 use std::path::Path;
 
 const ENTRY: u64 = 2;
 const SNAPSHOT: u64 = 5;
 
 /// The fields of one protobuf message: (field number, wire type, varint value or bytes).
-/// One field: (number, wire type, varint value, bytes).
-type Field<'a> = (u64, u8, u64, &'a [u8]);
-
-fn fields(mut b: &[u8]) -> Option<Vec<Field<'_>>> {
-    fn varint(b: &mut &[u8]) -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&byte, rest) = b.split_first()?;
-            *b = rest;
-            v |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Some(v);
-            }
-        }
-        None
-    }
-    let mut out = Vec::new();
-    while !b.is_empty() {
-        let key = varint(&mut b)?;
-        let (num, wire) = (key >> 3, (key & 7) as u8);
-        match wire {
-            0 => out.push((num, wire, varint(&mut b)?, &[][..])),
-            1 => {
-                let (v, rest) = b.split_at_checked(8)?;
-                b = rest;
-                out.push((num, wire, 0, v));
-            }
-            2 => {
-                let len = varint(&mut b)? as usize;
-                let (v, rest) = b.split_at_checked(len)?;
-                b = rest;
-                out.push((num, wire, 0, v));
-            }
-            5 => {
-                let (v, rest) = b.split_at_checked(4)?;
-                b = rest;
-                out.push((num, wire, 0, v));
-            }
-            _ => return None,
-        }
-    }
-    Some(out)
-}
-
 /// Whether an entry's data is one etcd 3.7 cannot parse as an `InternalRaftRequest` (a bare v2
 /// `Request`, as 3.5 proposed some): every field of the internal request is a message but its ID
 /// (1, a varint) and the removed v2 field (2, skipped by 3.7). A v2 request's Path (3) and Val (4)
