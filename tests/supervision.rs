@@ -16,12 +16,14 @@ fn sh(script: &str) -> Vec<String> {
     script_program(script)
 }
 
-fn with_etcd(etcd: &Path, opts: &[&str]) -> (Warden, String) {
+/// A warden over `etcd` with its data dir in the returned temporary dir, which comes first so that
+/// it is dropped last (bindings drop in reverse order): after the warden and its etcd are gone.
+fn with_etcd(etcd: &Path, opts: &[&str]) -> (tempfile::TempDir, Warden, String) {
     let ip = unique_ip();
-    let dir = tempfile::tempdir().unwrap().keep();
+    let dir = tempfile::tempdir().unwrap();
     let mut argv = vec![etcd.display().to_string()];
-    argv.extend(etcd_args(&ip, &dir.join("data")));
-    (Warden::start(&ip, opts, &argv), ip)
+    argv.extend(etcd_args(&ip, &dir.path().join("data")));
+    (dir, Warden::start(&ip, opts, &argv), ip)
 }
 
 /// etcd's own word on its release: `etcdctl endpoint status` of the running server.
@@ -37,7 +39,7 @@ fn server_version(ctl: &Path, ip: &str) -> String {
 /// `known`: the etcd issues the warden must report for this release (and only these).
 fn supervise_real_etcd(etcd: &Path, known: &[&str]) {
     let ctl = etcdctl_for(etcd);
-    let (mut w, ip) = with_etcd(etcd, &["--stop-timeout", "20s"]);
+    let (_data, mut w, ip) = with_etcd(etcd, &["--stop-timeout", "20s"]);
     w.wait_ready(START);
     etcdctl(&ctl, &ip, &["put", "k", "v"]).expect("put through the supervised etcd");
     let status = w.status();
@@ -140,7 +142,7 @@ fn etcd_3_5_1_runs_and_its_data_loss_bug_is_reported() {
 fn sigkilled_etcd_is_respawned_with_data_intact_and_unready_meanwhile() {
     let etcd = etcd34();
     let ctl = etcdctl_for(&etcd);
-    let (w, ip) = with_etcd(&etcd, &["--restart-backoff-min", "1s"]);
+    let (_data, w, ip) = with_etcd(&etcd, &["--restart-backoff-min", "1s"]);
     w.wait_ready(START);
     etcdctl(&ctl, &ip, &["put", "survivor", "yes"]).unwrap();
     let first = w.etcd_pid().unwrap();
@@ -384,7 +386,7 @@ fn a_warden_whose_test_thread_died_dies_with_it() {
 #[test]
 fn wait_ready_is_not_satisfied_by_another_warden_on_the_address() {
     let etcd = default_etcd();
-    let (first, ip) = with_etcd(&etcd, &[]);
+    let (_data, first, ip) = with_etcd(&etcd, &[]);
     first.wait_ready(START);
     let dir = tempfile::tempdir().unwrap();
     let mut argv = vec![etcd.display().to_string()];
@@ -489,7 +491,7 @@ fn a_nospace_alarm_makes_readiness_503_until_it_is_disarmed() {
 fn a_corrupt_alarm_makes_readiness_503_until_it_is_disarmed() {
     let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
-    let (mut w, ip) = with_etcd(&etcd, &["--health-interval", "200ms"]);
+    let (_data, mut w, ip) = with_etcd(&etcd, &["--health-interval", "200ms"]);
     w.wait_ready(START);
     rt().block_on(async {
         let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], None)
