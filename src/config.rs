@@ -641,6 +641,18 @@ fn duration(option: &'static str, value: Option<&str>, default: &str) -> Result<
 }
 
 impl RunConfig {
+    /// A member of a cluster: `--initial-cluster` names others, or its data dir's membership does
+    /// (members added at run time to what was started as one).
+    pub fn is_cluster_member(&self) -> bool {
+        let configured = self
+            .etcd
+            .initial_cluster
+            .as_deref()
+            .map(|c| c.split(',').filter(|s| !s.trim().is_empty()).count())
+            .unwrap_or(1);
+        configured.max(crate::cluster::local::member_count(&self.backup.data_dir).unwrap_or(0)) > 1
+    }
+
     /// Validates `run`'s arguments against the environment and the filesystem, touching nothing.
     pub fn from_args(args: RunArgs, env: &HashMap<String, String>) -> Result<Self, ConfigError> {
         let source = args.clone();

@@ -73,10 +73,16 @@ pub async fn run(
         .etcd
         .wal_path()
         .unwrap_or_else(|| config.backup.data_dir.join("member").join("wal"));
+    // A cluster member's release is checked against its peers' too (the cluster version).
+    let peers = match etcd_version {
+        Some(_) if config.is_cluster_member() => crate::upgrade::cluster::peer_releases(&config).await,
+        _ => Vec::new(),
+    };
     let gate = match crate::upgrade::gate(
         &config.backup.data_dir,
         &wal_dir,
         etcd_version,
+        &peers,
         config.allow_unsupported_upgrade,
     ) {
         Ok(gate) => gate,

@@ -405,12 +405,18 @@ fn three_members_roll_from_3_5_to_3_6_to_3_7_under_writes_losing_nothing() {
     });
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writes = writer_to_all(ips.clone(), stop.clone());
-    // One member at a time onto `etcd` with `extra` etcd flags.
-    let roll = |wardens: &mut Vec<Option<Warden>>, etcd: &Path, release: &str, extra: &[&str]| {
-        for i in 0..3 {
-            let mut old = wardens[i].take().unwrap();
-            old.signal(Signal::SIGTERM);
-            assert_eq!(old.wait_exit(START), 143, "m{i} stopping for {release}");
+    // One member at a time (of `members`) onto `etcd` with `extra` etcd flags.
+    let roll_some = |wardens: &mut Vec<Option<Warden>>,
+                     members: std::ops::Range<usize>,
+                     etcd: &Path,
+                     release: &str,
+                     extra: &[&str]| {
+        for i in members {
+            // (A member already stopped is started.)
+            if let Some(mut old) = wardens[i].take() {
+                old.signal(Signal::SIGTERM);
+                assert_eq!(old.wait_exit(START), 143, "m{i} stopping for {release}");
+            }
             let mut argv = member_args_token(etcd, &ips, i, &data(i), "rolling");
             argv.extend(extra.iter().map(|s| s.to_string()));
             let w = Warden::start(
@@ -423,8 +429,26 @@ fn three_members_roll_from_3_5_to_3_6_to_3_7_under_writes_losing_nothing() {
             wardens[i] = Some(w);
         }
     };
+    let roll = |wardens: &mut Vec<Option<Warden>>, etcd: &Path, release: &str, extra: &[&str]| {
+        roll_some(wardens, 0..3, etcd, release, extra)
+    };
     let rolling = std::time::Instant::now();
-    roll(&mut wardens, &etcd36(), "3.6.16", &[]);
+    roll_some(&mut wardens, 0..1, &etcd36(), "3.6.16", &[]);
+    // Mid-roll, m0's data went through 3.6 but the cluster version is still 3.5 (m1 and m2 run
+    // 3.5.30): 3.7 on m0 is refused from what the peers say, nothing touched.
+    let mut m0 = wardens[0].take().unwrap();
+    m0.signal(Signal::SIGTERM);
+    assert_eq!(m0.wait_exit(START), 143);
+    let before = tree(&data(0));
+    let argv = member_args_token(&etcd37(), &ips, 0, &data(0), "rolling");
+    let (code, text) = refused_run_argv(&ips[0], d, &argv, &[]);
+    assert_eq!(code, Some(64), "{text}");
+    assert!(
+        text.contains("the cluster version is 3.5") && text.contains("runs 3.5.30"),
+        "{text}"
+    );
+    assert_eq!(tree(&data(0)), before, "the refused start changed m0's data dir");
+    roll_some(&mut wardens, 0..3, &etcd36(), "3.6.16", &[]);
     eprintln!(
         "three members rolled 3.5.30 -> 3.6.16 under writes in {:?}",
         rolling.elapsed()

@@ -60,6 +60,12 @@ impl From<&etcd_client::Member> for Member {
 
 /// `GET <peer_url>/members`: the member list as that member knows it (no quorum needed).
 pub async fn members_from_peer(peer_url: &str) -> Result<Vec<Member>, String> {
+    let body = peer_get(peer_url, "/members").await?;
+    serde_json::from_slice::<Vec<Member>>(&body).map_err(|e| format!("{peer_url}/members: member list: {e}"))
+}
+
+/// `GET <peer_url><path>` on etcd's peer listener (plain http only), within [`ASK`].
+pub async fn peer_get(peer_url: &str, path: &str) -> Result<Bytes, String> {
     let url = url::Url::parse(peer_url).map_err(|e| format!("peer URL {peer_url}: {e}"))?;
     if url.scheme() != "http" {
         return Err(format!(
@@ -76,7 +82,7 @@ pub async fn members_from_peer(peer_url: &str) -> Result<Vec<Member>, String> {
             .await
             .map_err(|e| e.to_string())?;
         tokio::spawn(conn);
-        let req = hyper::Request::get("/members")
+        let req = hyper::Request::get(path)
             .header("host", format!("{host}:{port}"))
             .body(Empty::<Bytes>::new())
             .map_err(|e| e.to_string())?;
@@ -91,11 +97,11 @@ pub async fn members_from_peer(peer_url: &str) -> Result<Vec<Member>, String> {
         if !status.is_success() {
             return Err(format!("answered {status}"));
         }
-        serde_json::from_slice::<Vec<Member>>(&body).map_err(|e| format!("member list: {e}"))
+        Ok(body)
     };
     match tokio::time::timeout(ASK, ask).await {
-        Ok(r) => r.map_err(|e| format!("{peer_url}/members: {e}")),
-        Err(_) => Err(format!("{peer_url}/members: no answer within {ASK:?}")),
+        Ok(r) => r.map_err(|e| format!("{peer_url}{path}: {e}")),
+        Err(_) => Err(format!("{peer_url}{path}: no answer within {ASK:?}")),
     }
 }
 

@@ -96,12 +96,6 @@ pub async fn prepare(
         data: cwd.join(&cfg.etcd.data_dir),
         wal: cfg.etcd.wal_path(),
     };
-    let configured = cfg
-        .etcd
-        .initial_cluster
-        .as_deref()
-        .map(|c| c.split(',').filter(|s| !s.trim().is_empty()).count())
-        .unwrap_or(1);
     let mut store_delay = Duration::from_secs(1);
     let decision = loop {
         let left = crate::cluster::leave::marker(&dirs.data).map(|l| {
@@ -113,8 +107,7 @@ pub async fn prepare(
         });
         // A data dir of a cluster (members added at run time to what was started as one) is a
         // cluster member's, whatever the flags say: a lone restore would fork it.
-        let cluster = configured.max(crate::cluster::local::member_count(&dirs.data).unwrap_or(0)) > 1;
-        let round = if cluster {
+        let round = if cfg.is_cluster_member() {
             cluster_round(cfg, reaper, &dirs, left, status, member).await?
         } else {
             single_round(cfg, reaper, &dirs, left, status, member, &mut store_delay).await?

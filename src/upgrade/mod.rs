@@ -11,6 +11,7 @@
 //! ran on the data is known only from the warden's own record beside the data dir
 //! (`<data-dir>.warden-etcd-release`), written when etcd under the warden reports its release.
 
+pub mod cluster;
 pub mod rollback;
 pub mod wal;
 
@@ -126,6 +127,30 @@ pub fn check(binary: Version, data: Version, last: Option<Version>) -> UpgradePa
     UpgradePath::Supported
 }
 
+/// A path's consequence: `Err` refuses the start; a note for the log and /status otherwise.
+fn verdict(
+    path: UpgradePath,
+    allow: bool,
+    binary: Version,
+    data_dir: &Path,
+) -> Result<Option<String>, String> {
+    match path {
+        UpgradePath::Supported => Ok(None),
+        UpgradePath::Unverified(m) => {
+            tracing::warn!(etcd = %binary, "{m}");
+            Ok(Some(m))
+        }
+        UpgradePath::Unsupported(m) if allow => {
+            tracing::warn!(etcd = %binary, "--allow-unsupported-upgrade: starting anyway: {m}");
+            Ok(Some(format!("allowed by --allow-unsupported-upgrade: {m}")))
+        }
+        UpgradePath::Unsupported(m) => Err(format!(
+            "{m}. etcd was not started and the data dir {} is untouched (--allow-unsupported-upgrade starts it anyway)",
+            data_dir.display()
+        )),
+    }
+}
+
 /// What the check before the start decided.
 #[derive(Debug, Default)]
 pub struct Gate {
@@ -136,11 +161,25 @@ pub struct Gate {
     pub upgrade_from: Option<String>,
 }
 
-/// Before etcd starts on `data_dir`: `Err` refuses the start (exit 64) with what to do. No data
-/// dir, or a binary that did not say its version: nothing to check.
-pub fn gate(data_dir: &Path, wal_dir: &Path, binary: Option<Version>, allow: bool) -> Result<Gate, String> {
-    let (Some(binary), Some((stored, said))) = (binary, stored_version(data_dir)) else {
+/// Before etcd starts on `data_dir`: `Err` refuses the start (exit 64) with what to do. `peers`:
+/// what the other members of a cluster run ([`cluster::peer_releases`]), checked first. No data
+/// dir, or a binary that did not say its version: nothing to check on the data.
+pub fn gate(
+    data_dir: &Path,
+    wal_dir: &Path,
+    binary: Option<Version>,
+    peers: &[cluster::PeerRelease],
+    allow: bool,
+) -> Result<Gate, String> {
+    let Some(binary) = binary else {
         return Ok(Gate::default());
+    };
+    let cluster_note = verdict(cluster::check(binary, peers), allow, binary, data_dir)?;
+    let Some((stored, said)) = stored_version(data_dir) else {
+        return Ok(Gate {
+            note: cluster_note,
+            upgrade_from: None,
+        });
     };
     let last = last_release(data_dir);
     // etcd 3.6 writes `storageVersion` only once the cluster version reached 3.6, and a member's db
@@ -170,23 +209,7 @@ pub fn gate(data_dir: &Path, wal_dir: &Path, binary: Option<Version>, allow: boo
             replay.snapshot_index
         ));
     }
-    let note = match path {
-        UpgradePath::Supported => None,
-        UpgradePath::Unverified(m) => {
-            tracing::warn!(etcd = %binary, storage = %data, "{m}");
-            Some(m)
-        }
-        UpgradePath::Unsupported(m) if allow => {
-            tracing::warn!(etcd = %binary, storage = %data, "--allow-unsupported-upgrade: starting anyway: {m}");
-            Some(format!("allowed by --allow-unsupported-upgrade: {m}"))
-        }
-        UpgradePath::Unsupported(m) => {
-            return Err(format!(
-                "{m}. etcd was not started and the data dir {} is untouched (--allow-unsupported-upgrade starts it anyway)",
-                data_dir.display()
-            ));
-        }
-    };
+    let note = verdict(path, allow, binary, data_dir)?.or(cluster_note);
     let upgrade_from = (binary.major == data.major && binary.minor > data.minor).then(|| match last {
         Some(l) if l.major == data.major && l.minor == data.minor => l.to_string(),
         _ => format!("{}.{}", data.major, data.minor),
