@@ -218,7 +218,16 @@ pub async fn snapshot(args: SnapshotArgs) -> i32 {
         Err(code) => return code,
     };
     let progress = crate::telemetry::Progress::terminal();
-    let result = full::take_full(&mut client, &store, args.compression, false, None, &progress).await;
+    let result = full::take_full(
+        &mut client,
+        &store,
+        args.compression,
+        false,
+        None,
+        None,
+        &progress,
+    )
+    .await;
     progress.done();
     match result {
         Ok(r) => {

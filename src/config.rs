@@ -478,6 +478,16 @@ pub struct RunOptions {
     /// logged and shown in /status. Without it such a start is refused with exit 64
     #[arg(long, env = "ETCD_WARDEN_ALLOW_UNSUPPORTED_UPGRADE")]
     pub allow_unsupported_upgrade: bool,
+    /// An etcd binary of the release this data dir ran before an upgrade, kept beside the new one
+    /// (as images with several releases do): a single member's rollback point is then taken
+    /// through a private etcd of that release, which also applies what a crash left in the WAL
+    /// but not in the db file [default: the rollback point is the db file as it is]
+    #[arg(long, env = "ETCD_WARDEN_PREVIOUS_ETCD", value_name = "PATH")]
+    pub previous_etcd: Option<PathBuf>,
+    /// How long a rollback point stays in the store after it was taken (a duration, or `forever`);
+    /// retention deletes it after that [default: 30d]
+    #[arg(long, env = "ETCD_WARDEN_ROLLBACK_RETENTION", value_name = "DURATION")]
+    pub rollback_retention: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -533,6 +543,8 @@ pub struct RunConfig {
     pub admin_token_file: Option<PathBuf>,
     /// `--allow-unsupported-upgrade`: an unsupported etcd release path is logged, not refused.
     pub allow_unsupported_upgrade: bool,
+    /// `--previous-etcd`: the older release's binary, for the rollback point (absolute).
+    pub previous_etcd: Option<PathBuf>,
     /// The arguments this was built from: SIGHUP builds the configuration again from them, with
     /// the config file and credentials read afresh.
     pub source: RunArgs,
@@ -609,6 +621,8 @@ impl RunOptions {
             gbr_lease_ttl: self.gbr_lease_ttl.or(file.gbr_lease_ttl),
             admin_socket: self.admin_socket.or(file.admin_socket),
             allow_unsupported_upgrade: self.allow_unsupported_upgrade || file.allow_unsupported_upgrade,
+            previous_etcd: self.previous_etcd.or(file.previous_etcd),
+            rollback_retention: self.rollback_retention.or(file.rollback_retention),
             admin_token_file: self.admin_token_file.or(file.admin_token_file),
             owner_name: self.owner_name.or(file.owner_name),
             owner_id: self.owner_id.or(file.owner_id),
@@ -901,6 +915,25 @@ impl RunConfig {
             }
             None => None,
         };
+        let rollback_retention = match o.rollback_retention.as_deref() {
+            Some("forever") => None,
+            Some(v) => Some(duration("rollback-retention", Some(v), "30d")?),
+            None => Some(Duration::from_secs(30 * 86_400)),
+        };
+        let previous_etcd = match &o.previous_etcd {
+            Some(p) => Some(
+                resolve_program(&p.as_os_str().to_owned(), env.get("PATH").map(String::as_str)).map_err(|_| {
+                    ConfigError::Invalid {
+                        option: "previous-etcd",
+                        reason: format!(
+                            "{} is no executable file: give the path of the etcd binary of the release the data dir ran before",
+                            p.display()
+                        ),
+                    }
+                })?,
+            ),
+            None => None,
+        };
         let backup = BackupConfig {
             credentials: o.store_credentials.clone(),
             store: store.clone(),
@@ -911,6 +944,7 @@ impl RunConfig {
             delta_max_bytes,
             full_after_revisions: o.full_snapshot_after_revisions.unwrap_or(200_000).max(0),
             retention,
+            rollback_retention,
             defrag_schedule,
             keys,
             gbr_lease_ttl,
@@ -948,6 +982,7 @@ impl RunConfig {
             admin_socket: o.admin_socket,
             admin_token_file: o.admin_token_file,
             allow_unsupported_upgrade: o.allow_unsupported_upgrade,
+            previous_etcd,
             source,
         })
     }

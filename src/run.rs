@@ -103,7 +103,7 @@ pub async fn run(
         },
     };
     if let (Some(from), Some(next)) = (&gate.upgrade_from, etcd_version)
-        && let Err(e) = rollback_point(&config, from, next).await
+        && let Err(e) = rollback_point(&config, &reaper, from, next).await
     {
         tracing::error!(
             "no rollback point, so etcd {next} is not started on data that {from} wrote: {e} \
@@ -799,9 +799,12 @@ impl Terms {
     }
 }
 
-/// The rollback point before `next` first starts on data that `from` wrote (upgrade::rollback).
+/// The rollback point before `next` first starts on data that `from` wrote (upgrade::rollback):
+/// through a private etcd of `--previous-etcd` when that is `from`'s minor and this is a single
+/// member, else from the db file.
 async fn rollback_point(
     config: &RunConfig,
+    reaper: &Reaper,
     from: &str,
     next: crate::etcd::version::Version,
 ) -> Result<(), String> {
@@ -811,15 +814,49 @@ async fn rollback_point(
         .map_err(|e| crate::telemetry::error_chain(&e))?;
     let started = std::time::Instant::now();
     tracing::info!(from, to = %next, "upgrade: taking a rollback point of the data before etcd {next} starts on it");
-    match crate::upgrade::rollback::take(
-        &store,
-        &config.backup.data_dir,
-        from,
-        next,
-        config.backup.compression,
-    )
-    .await?
-    {
+    let taken = match previous_release(config, reaper, from).await {
+        Some(previous) => {
+            let data = &config.backup.data_dir;
+            let log = crate::etcd::dirs::beside(data, ".rollback-etcd.log");
+            let etcd = crate::etcd::private::PrivateEtcd::start(
+                reaper,
+                &previous,
+                data,
+                config.etcd.wal_path().as_deref(),
+                &config.etcd.name,
+                &log,
+                false,
+            )
+            .await
+            .map_err(|e| format!("the private etcd of {} on the data: {e}", previous.display()))?;
+            let taken = match etcd.client().await {
+                Ok(mut client) => {
+                    crate::upgrade::rollback::take_through(
+                        &mut client,
+                        &store,
+                        next,
+                        config.backup.compression,
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            };
+            etcd.stop().await;
+            let _ = std::fs::remove_file(&log);
+            taken?
+        }
+        None => {
+            crate::upgrade::rollback::take(
+                &store,
+                &config.backup.data_dir,
+                from,
+                next,
+                config.backup.compression,
+            )
+            .await?
+        }
+    };
+    match taken {
         Some((key, revision)) => tracing::info!(
             key,
             revision,
@@ -830,6 +867,36 @@ async fn rollback_point(
         None => tracing::info!("the store already holds a rollback point at the data's revision"),
     }
     Ok(())
+}
+
+/// `--previous-etcd` when it may take the rollback point: its release is of `from`'s minor, and
+/// the data is a single member's (a private etcd on a member's data would reach its peers).
+async fn previous_release(config: &RunConfig, reaper: &Reaper, from: &str) -> Option<std::path::PathBuf> {
+    let path = config.previous_etcd.as_ref()?;
+    let written = crate::etcd::version::Version::parse(&format!("{from}.0"))
+        .or_else(|| crate::etcd::version::Version::parse(from))?;
+    let release = crate::etcd::version::of_binary(reaper, path).await;
+    match release {
+        Some(r) if r.major == written.major && r.minor == written.minor && !config.is_cluster_member() => {
+            tracing::info!(etcd = %path.display(), release = %r, "the rollback point is taken through a private etcd of the previous release");
+            Some(path.clone())
+        }
+        Some(r) if r.major == written.major && r.minor == written.minor => {
+            tracing::info!(
+                "--previous-etcd is not used for a cluster member's rollback point (a private etcd on its data would reach its peers): taken from the db file"
+            );
+            None
+        }
+        other => {
+            tracing::warn!(
+                etcd = %path.display(),
+                release = other.map(|r| r.to_string()),
+                written_by = from,
+                "--previous-etcd is not of the release that wrote the data: the rollback point is taken from the db file"
+            );
+            None
+        }
+    }
 }
 
 /// The id of a forced cluster restore plan this member has yet to apply, if the store holds one.

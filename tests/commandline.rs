@@ -148,6 +148,31 @@ fn a_word_no_release_knows_is_refused_with_64_before_anything_is_touched() {
     assert_nothing_in(dir.path());
 }
 
+/// The upgrade options with a wrong value: exit 64 naming the option, nothing created.
+#[test]
+fn a_missing_previous_etcd_or_a_bad_rollback_retention_is_refused_with_64() {
+    for (opts, named) in [
+        (["--previous-etcd", "/nonexistent/etcd-3.5"], "--previous-etcd"),
+        (["--rollback-retention", "a while"], "--rollback-retention"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let out = std::process::Command::new(WARDEN)
+            .current_dir(dir.path())
+            .args(["run", "--listen", &format!("{}:2378", unique_ip())])
+            .args(opts)
+            .arg("--")
+            .arg(default_etcd())
+            .args(["--data-dir", data.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{opts:?}: {err}");
+        assert!(err.contains(named), "the message names {named}: {err}");
+        assert_nothing_in(dir.path());
+    }
+}
+
 /// A refused command created nothing in `dir`.
 fn assert_nothing_in(dir: &Path) {
     let left: Vec<_> = std::fs::read_dir(dir)

@@ -317,6 +317,102 @@ fn a_single_member_goes_3_5_to_3_6_to_3_7_keeping_data_and_leases_and_rolls_back
     );
 }
 
+/// etcd 3.6.16 killed right after acknowledging writes (the newest may be in its WAL but not yet
+/// in its db file), then 3.7.3 started with `--previous-etcd` 3.6.16: the rollback point is taken
+/// by a private 3.6.16 on the data, so it holds every acknowledged write; `restore --etcd-version
+/// 3.6` brings them back. With `--rollback-retention 3s`, the next full after that deletes the
+/// point and only the point.
+#[test]
+fn the_previous_release_takes_the_rollback_point_after_a_crash_and_the_point_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let data = d.join("data");
+    let store = format!("file://{}/store", d.display());
+    let ip = unique_ip();
+    let ctl36 = etcdctl_for(&etcd36());
+    let w = warden_on(&etcd36(), &ip, d, &data, &[]);
+    assert_eq!(record(&data).as_deref(), Some("3.6.16"));
+    let mut acked = 0;
+    for i in 0..30 {
+        let out = etcdctl(&ctl36, &ip, &["put", &format!("crash-{i}"), "v", "-w", "json"]).unwrap();
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        acked = v["header"]["revision"].as_i64().unwrap();
+    }
+    // SIGKILL to the warden's process group: etcd dies with it, no clean stop.
+    drop(w);
+
+    let w = warden_on(
+        &etcd37(),
+        &ip,
+        d,
+        &data,
+        &[
+            "--previous-etcd",
+            &etcd36().display().to_string(),
+            "--rollback-retention",
+            "3s",
+        ],
+    );
+    assert!(
+        w.log_text()
+            .contains("through a private etcd of the previous release"),
+        "{}",
+        w.log_text()
+    );
+    let points: Vec<serde_json::Value> = backups_list(&store, &[])
+        .into_iter()
+        .filter(|r| r["kind"] == "rollback")
+        .collect();
+    assert_eq!(points.len(), 1, "{points:#?}");
+    assert_eq!(points[0]["etcd_version"], "3.6.16", "{points:#?}");
+    assert_eq!(points[0]["rollback_for"], "3.7.3", "{points:#?}");
+    assert!(
+        points[0]["last"].as_i64() >= Some(acked),
+        "the rollback point ends before the last acknowledged write ({acked}): {points:#?}"
+    );
+    let back = d.join("back-to-3.6");
+    let ip2 = unique_ip();
+    let out = restore_command_bumped(&store, &back, &etcd36(), &ip2, &[])
+        .args(["--etcd-version", "3.6"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    {
+        let _plain = PlainEtcd::start(&etcd36(), &ip2, &back, "m1");
+        let keys = etcdctl(&ctl36, &ip2, &["get", "crash-", "--prefix", "--keys-only"]).unwrap();
+        assert_eq!(
+            keys.lines().filter(|l| !l.is_empty()).count(),
+            30,
+            "acknowledged writes missing from the rollback point: {keys}"
+        );
+    }
+
+    // Expiry: once 3 s have passed, the retention after the next full deletes the point.
+    std::thread::sleep(Duration::from_secs(3));
+    let fulls_before = backups_list(&store, &[])
+        .iter()
+        .filter(|r| r["kind"] == "full")
+        .count();
+    w.signal(Signal::SIGUSR1);
+    wait_for("the rollback point to expire", START, || {
+        let listed = backups_list(&store, &[]);
+        (!listed.iter().any(|r| r["kind"] == "rollback")).then_some(listed)
+    });
+    let fulls_after = backups_list(&store, &[])
+        .iter()
+        .filter(|r| r["kind"] == "full")
+        .count();
+    assert!(
+        fulls_after > fulls_before,
+        "{fulls_before} fulls before, {fulls_after} after"
+    );
+}
+
 /// Puts `k…` keys through any of `ips` (the client fails over while members restart) until told
 /// to stop; the acknowledged ones.
 fn writer_to_all(

@@ -184,6 +184,7 @@ async fn attempt(
         cfg.backup.compression,
         true,
         None,
+        None,
         &crate::telemetry::Progress::to({
             let status = status.clone();
             move |what| {

@@ -40,6 +40,8 @@ pub struct BackupConfig {
     /// bounds restore time (each delta revision is replayed as one transaction); 0 = never.
     pub full_after_revisions: i64,
     pub retention: Policy,
+    /// `--rollback-retention`: how long a rollback point stays (`None`: forever).
+    pub rollback_retention: Option<Duration>,
     /// `--defrag-schedule`: defragment etcd's backend, between snapshots, never during one.
     pub defrag_schedule: Option<croner::Cron>,
     /// `--encrypt-to` recipients and `--identity-file` identities.
@@ -974,6 +976,7 @@ impl Backup {
             self.cfg.compression,
             false,
             outside.clone(),
+            None,
             &progress,
         )
         .await;
@@ -1084,7 +1087,22 @@ impl Backup {
             for key in &doomed {
                 store.delete(key).await?;
             }
-            Ok(doomed.len())
+            // Rollback points go once `--rollback-retention` has passed since each was taken.
+            let mut expired = Vec::new();
+            if let Some(keep) = self.cfg.rollback_retention {
+                match crate::upgrade::rollback::list(store).await {
+                    Ok(points) => {
+                        expired =
+                            crate::upgrade::rollback::expired(&points, crate::store::layout::now_ms(), keep)
+                    }
+                    Err(e) => tracing::warn!(error = %e, "retention: cannot list the rollback points"),
+                }
+                for key in &expired {
+                    tracing::info!(key, keep = %humantime::format_duration(keep), "rollback point expired");
+                    store.delete(key).await?;
+                }
+            }
+            Ok(doomed.len() + expired.len())
         }
         .await;
         match result {

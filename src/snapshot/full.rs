@@ -102,13 +102,15 @@ fn etcd(what: &'static str) -> impl FnOnce(etcd_client::Error) -> SnapshotError 
     move |source| SnapshotError::Etcd { what, source }
 }
 
-/// Takes one full snapshot of the etcd behind `client` into `store`.
+/// Takes one full snapshot of the etcd behind `client` into `store`. `rollback_for`: it is the
+/// rollback point before that release starts (`crate::upgrade::rollback`), under `v1/rollback/`.
 pub async fn take_full(
     client: &mut Client,
     store: &Store,
     compression: Compression,
     is_final: bool,
     outside: Option<String>,
+    rollback_for: Option<crate::etcd::version::Version>,
     progress: &crate::telemetry::Progress,
 ) -> Result<FullResult, SnapshotError> {
     let started = Instant::now();
@@ -120,7 +122,10 @@ pub async fn take_full(
         created_ms: layout::now_ms(),
         compression,
         encryption: store.encryption(),
-        layout: layout::Layout::Warden,
+        layout: match rollback_for {
+            Some(_) => layout::Layout::Rollback,
+            None => layout::Layout::Warden,
+        },
     };
     let header = Header {
         format: 1,
@@ -140,7 +145,7 @@ pub async fn take_full(
         etcd_version: status.version().to_owned(),
         writer: concat!("etcd-warden ", env!("CARGO_PKG_VERSION")).into(),
         outside,
-        rollback_for: None,
+        rollback_for: rollback_for.map(|v| v.to_string()),
     };
     let key = name.key();
     // Open etcd's stream first: if it cannot start, no upload is created at all.

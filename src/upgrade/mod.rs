@@ -51,9 +51,7 @@ fn stored_version(data_dir: &Path) -> Option<(Version, bool)> {
 
 /// Where the warden records the release that last served a data dir.
 pub fn release_record(data_dir: &Path) -> PathBuf {
-    let mut p = data_dir.as_os_str().to_owned();
-    p.push(".warden-etcd-release");
-    PathBuf::from(p)
+    crate::etcd::dirs::beside(data_dir, ".warden-etcd-release")
 }
 
 /// The release that last served `data_dir` under the warden, if it recorded one.

@@ -1,10 +1,14 @@
 //! Rollback points: before a newer minor release first starts on a data dir, a full snapshot of
 //! the data as the older release left it, in `<prefix>/v1/rollback/` (beside `v1/full/`, so
-//! restores of the newest backup and retention never take it for an ordinary full; `backups list`
-//! shows it). It is taken from the data dir's db file with etcd stopped: the same bytes etcd's
-//! snapshot stream sends (the bbolt file, then its sha256), so `etcdutl snapshot restore` and the
-//! warden's restore read it like any full snapshot. Its header names the release that wrote the
-//! data (`etcd_version`) and the one about to start (`rollback_for`).
+//! restores of the newest backup and ordinary retention never take it for a full; `backups list`
+//! shows it; [`expired`] says when it goes). Its header names the release that wrote the data
+//! (`etcd_version`) and the one about to start (`rollback_for`).
+//!
+//! Two ways to take it, both with etcd stopped: through a private etcd of the older release when
+//! its binary is at hand (`--previous-etcd`, single members: etcd's own snapshot, after it applied
+//! what a crash left in the WAL but not in the db file), else from the data dir's db file (the
+//! same bytes etcd's snapshot stream sends: the bbolt file, then its sha256). Either way
+//! `etcdutl snapshot restore` and the warden's restore read it like any full snapshot.
 
 use std::path::Path;
 
@@ -53,6 +57,56 @@ pub async fn list(store: &Store) -> Result<Vec<(SnapshotName, Header, u64)>, Str
     Ok(out)
 }
 
+/// Whether the store already holds a rollback point at `revision` (a start that failed after
+/// taking it, tried again).
+async fn exists_at(store: &Store, revision: i64) -> Result<bool, String> {
+    Ok(list(store)
+        .await?
+        .iter()
+        .any(|(n, _, _)| n.last_revision() == revision))
+}
+
+/// Takes the rollback point through `client`, a private etcd of the older release on the data,
+/// before `next` starts on it; `Ok(None)` when the store already holds one at its revision.
+pub async fn take_through(
+    client: &mut etcd_client::Client,
+    store: &Store,
+    next: Version,
+    compression: Compression,
+) -> Result<Option<(String, i64)>, String> {
+    let revision = crate::etcd::private::revision(client, true)
+        .await
+        .map_err(|e| format!("read the private etcd's revision: {e}"))?;
+    if exists_at(store, revision).await? {
+        return Ok(None);
+    }
+    let r = crate::snapshot::full::take_full(
+        client,
+        store,
+        compression,
+        false,
+        None,
+        Some(next),
+        &crate::telemetry::Progress::default(),
+    )
+    .await
+    .map_err(|e| crate::telemetry::error_chain(&e))?;
+    Ok(Some((r.name.key(), r.name.last_revision())))
+}
+
+/// The rollback points older than `keep` at `now_ms`: retention deletes them.
+pub fn expired(
+    points: &[(SnapshotName, Header, u64)],
+    now_ms: u64,
+    keep: std::time::Duration,
+) -> Vec<String> {
+    points
+        .iter()
+        .filter(|(n, _, _)| now_ms.saturating_sub(n.created_ms) > keep.as_millis() as u64)
+        .map(|(n, _, _)| n.key())
+        .collect()
+}
+
 /// Takes the rollback point of `data_dir` (written by `written_by`, a release or a minor) before
 /// `next` starts on it; `Ok(None)` when the store already holds one at the data's revision (a
 /// start that failed and is tried again).
@@ -67,11 +121,7 @@ pub async fn take(
     let revision = MvccFile::open(&db_path)
         .map_err(|e| format!("read {}: {e}", db_path.display()))?
         .revision();
-    if list(store)
-        .await?
-        .iter()
-        .any(|(n, _, _)| n.last_revision() == revision)
-    {
+    if exists_at(store, revision).await? {
         return Ok(None);
     }
     let name = SnapshotName {
