@@ -288,18 +288,25 @@ fn a_single_member_goes_3_5_to_3_6_to_3_7_keeping_data_and_leases_and_rolls_back
         );
     }
 
-    // The way back to 3.5, with 3.5.30's tools.
-    let back = d.join("back-to-3.5");
+    // The way back to 3.5, with 3.5.30's tools: docs/upgrades.md's runbook as written.
     let ip2 = unique_ip();
-    let out = restore_command_bumped(&store, &back, &etcd35_newest(), &ip2, &[])
-        .args(["--etcd-version", "3.5"])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout);
+    let [block] = &runbook_blocks("docs/upgrades.md", "rollback")[..] else {
+        panic!("one runbook-rollback block")
+    };
+    let vars = vec![
+        ("STORE", store.clone()),
+        ("DATA_DIR", data.display().to_string()),
+        ("NAME", "m1".to_owned()),
+        ("PEER_URL", format!("http://{ip2}:2380")),
+        ("RELEASE", "3.5".to_owned()),
+        ("OLD_ETCD", etcd35_newest().display().to_string()),
+    ];
+    let bins = [Path::new(WARDEN).parent().unwrap()];
+    let said = run_block(block, &vars, &bins, "the rollback runbook");
+    let back = data.clone();
     assert!(
-        out.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&out.stderr)
+        d.join("data.after-upgrade/member").is_dir(),
+        "the data dir was not moved aside"
     );
     let lost = newest - stopped_at[0];
     assert!(
@@ -624,23 +631,14 @@ fn three_members_roll_from_3_5_to_3_6_to_3_7_under_writes_losing_nothing() {
         .filter_map(|r| r["last"].as_i64())
         .max()
         .expect("a 3.5.30 rollback point");
-    let out = Command::new(WARDEN)
-        .args([
-            "cluster",
-            "restore",
-            "--store",
-            &store,
-            "--etcd-version",
-            "3.5.30",
-            "--force",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let [block] = &runbook_blocks("docs/upgrades.md", "rollback-cluster")[..] else {
+        panic!("one runbook-rollback-cluster block")
+    };
+    run_block(
+        block,
+        &[("STORE", store.clone()), ("RELEASE", "3.5.30".to_owned())],
+        &[Path::new(WARDEN).parent().unwrap()],
+        "the cluster rollback runbook",
     );
     let back: Vec<Option<Warden>> = (0..3)
         .map(|i| {
