@@ -488,6 +488,18 @@ pub struct RunOptions {
     /// retention deletes it after that [default: 30d]
     #[arg(long, env = "ETCD_WARDEN_ROLLBACK_RETENTION", value_name = "DURATION")]
     pub rollback_retention: Option<String>,
+    /// Keep etcd out of NOSPACE: when the alarm is raised, the writer compacts to the newest
+    /// revision the store holds, defragments member by member (the leader last, after moving
+    /// leadership away) and disarms; it also defragments when free pages pay for it [default: on]
+    #[arg(long, env = "ETCD_WARDEN_SPACE_KEEPER", value_name = "on|off")]
+    pub space_keeper: Option<String>,
+    /// The space keeper defragments when free pages are at least this share of the db file...
+    /// [default: 0.5]
+    #[arg(long, env = "ETCD_WARDEN_SPACE_DEFRAG_FREE_RATIO", value_name = "RATIO")]
+    pub space_defrag_free_ratio: Option<f64>,
+    /// ...and at least this many bytes [default: 64MiB]
+    #[arg(long, env = "ETCD_WARDEN_SPACE_DEFRAG_FREE_MIN", value_name = "SIZE")]
+    pub space_defrag_free_min: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -623,6 +635,9 @@ impl RunOptions {
             allow_unsupported_upgrade: self.allow_unsupported_upgrade || file.allow_unsupported_upgrade,
             previous_etcd: self.previous_etcd.or(file.previous_etcd),
             rollback_retention: self.rollback_retention.or(file.rollback_retention),
+            space_keeper: self.space_keeper.or(file.space_keeper),
+            space_defrag_free_ratio: self.space_defrag_free_ratio.or(file.space_defrag_free_ratio),
+            space_defrag_free_min: self.space_defrag_free_min.or(file.space_defrag_free_min),
             admin_token_file: self.admin_token_file.or(file.admin_token_file),
             owner_name: self.owner_name.or(file.owner_name),
             owner_id: self.owner_id.or(file.owner_id),
@@ -934,6 +949,38 @@ impl RunConfig {
             ),
             None => None,
         };
+        let space = {
+            let enabled = match o.space_keeper.as_deref().unwrap_or("on") {
+                "on" | "true" => true,
+                "off" | "false" => false,
+                other => {
+                    return Err(ConfigError::Invalid {
+                        option: "space-keeper",
+                        reason: format!("{other:?}: write on or off"),
+                    });
+                }
+            };
+            let ratio = o.space_defrag_free_ratio.unwrap_or(0.5);
+            if !(ratio > 0.0 && ratio < 1.0) {
+                return Err(ConfigError::Invalid {
+                    option: "space-defrag-free-ratio",
+                    reason: format!("{ratio}: a share between 0 and 1 (write e.g. 0.5)"),
+                });
+            }
+            let min_s = o.space_defrag_free_min.as_deref().unwrap_or("64MiB");
+            let min = min_s
+                .parse::<bytesize::ByteSize>()
+                .map_err(|_| ConfigError::Invalid {
+                    option: "space-defrag-free-min",
+                    reason: format!("{min_s:?}: not a size (write e.g. 64MiB)"),
+                })?
+                .as_u64() as i64;
+            crate::space::Config {
+                enabled,
+                defrag_ratio: ratio,
+                defrag_min_bytes: min,
+            }
+        };
         let backup = BackupConfig {
             credentials: o.store_credentials.clone(),
             store: store.clone(),
@@ -945,6 +992,7 @@ impl RunConfig {
             full_after_revisions: o.full_snapshot_after_revisions.unwrap_or(200_000).max(0),
             retention,
             rollback_retention,
+            space,
             defrag_schedule,
             keys,
             gbr_lease_ttl,

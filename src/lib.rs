@@ -22,6 +22,7 @@ pub mod restore;
 pub mod run;
 pub mod signals;
 pub mod snapshot;
+pub mod space;
 pub mod startup;
 pub mod state;
 pub mod store;

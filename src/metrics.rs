@@ -161,7 +161,37 @@ pub const METRICS: &[Metric] = &[
         name: "etcd_warden_defrags",
         kind: MetricKind::Counter,
         present: "always",
-        help: "Defragmentations done by --defrag-schedule.",
+        help: "Defragmentations done by this writer (--defrag-schedule, the space keeper).",
+    },
+    Metric {
+        name: "etcd_warden_space_repairs",
+        kind: MetricKind::Counter,
+        present: "always",
+        help: "NOSPACE repairs this writer ran (compaction to the backed-up revision, defragmentation, disarm).",
+    },
+    Metric {
+        name: "etcd_warden_space_db_size_in_use_bytes",
+        kind: MetricKind::Gauge,
+        present: "after etcd's first status answer",
+        help: "The part of etcd's database file in use; the rest is free pages a defragmentation returns.",
+    },
+    Metric {
+        name: "etcd_warden_space_quota_bytes",
+        kind: MetricKind::Gauge,
+        present: "after etcd's first status answer",
+        help: "etcd's --quota-backend-bytes: the database file size at which etcd raises NOSPACE.",
+    },
+    Metric {
+        name: "etcd_warden_space_nospace",
+        kind: MetricKind::Gauge,
+        present: "after etcd's first status answer",
+        help: "1 while a NOSPACE alarm is raised (etcd refuses writes).",
+    },
+    Metric {
+        name: "etcd_warden_space_seconds_to_nospace",
+        kind: MetricKind::Gauge,
+        present: "while the database file grows",
+        help: "Seconds until the database file reaches the quota at its growth over the last 10 minutes.",
     },
     Metric {
         name: "etcd_warden_defrag_duration_seconds",
@@ -517,6 +547,30 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
         "etcd_warden_defrags",
         vec![(Vec::new(), b.defrags_total as f64)],
     ));
+    out.push(family(
+        "etcd_warden_space_repairs",
+        vec![(Vec::new(), b.space_repairs_total as f64)],
+    ));
+    if let Some(space) = &shared.health.borrow().space {
+        out.push(family(
+            "etcd_warden_space_db_size_in_use_bytes",
+            vec![(Vec::new(), space.db_size_in_use as f64)],
+        ));
+        out.push(family(
+            "etcd_warden_space_quota_bytes",
+            vec![(Vec::new(), space.quota as f64)],
+        ));
+        out.push(family(
+            "etcd_warden_space_nospace",
+            vec![(Vec::new(), if space.nospace { 1.0 } else { 0.0 })],
+        ));
+        if let Some(secs) = space.seconds_to_nospace {
+            out.push(family(
+                "etcd_warden_space_seconds_to_nospace",
+                vec![(Vec::new(), secs)],
+            ));
+        }
+    }
     if let Some(d) = &b.last_defrag {
         out.push(family(
             "etcd_warden_defrag_duration_seconds",

@@ -110,6 +110,21 @@ impl Shared {
         Ok(())
     }
 
+    /// `.space`: this member's database sizes, quota, alarm and forecast (the health loop's), and
+    /// the NOSPACE repairs this warden ran as the writer (`crate::space`).
+    fn space_json(&self, health: &crate::etcd::health::Health) -> serde_json::Value {
+        let b = self.backup.borrow();
+        let mut v = serde_json::to_value(&health.space).unwrap_or_default();
+        if let Some(obj) = v.as_object_mut() {
+            obj.insert("repairs_total".into(), b.space_repairs_total.into());
+            obj.insert(
+                "last_repair".into(),
+                serde_json::to_value(&b.last_space_repair).unwrap_or_default(),
+            );
+        }
+        v
+    }
+
     fn backup_json(&self) -> serde_json::Value {
         let b = self.backup.borrow().clone();
         let since = b
@@ -170,6 +185,7 @@ impl Shared {
             },
             "ownership": self.ownership_json(),
             "backup": self.backup_json(),
+            "space": self.space_json(&health),
             "member": {
                 "holding_back": self.member.borrow().clone(),
                 "leave_refused": self.leave_refused.borrow().clone(),

@@ -46,6 +46,8 @@ pub struct EtcdArgs {
     pub initial_cluster_token: Option<String>,
     /// `--initial-advertise-peer-urls`.
     pub initial_advertise_peer_urls: Option<String>,
+    /// `--quota-backend-bytes` (0 or absent: etcd's default, 2 GiB).
+    pub quota_backend_bytes: Option<i64>,
     /// `--config-file` (or `ETCD_CONFIG_FILE`): etcd's YAML config, which etcd then reads instead
     /// of every other flag and `ETCD_*` variable; so does the warden.
     pub config_file: Option<PathBuf>,
@@ -144,6 +146,7 @@ impl EtcdArgs {
             initial_cluster_state: get("initial-cluster-state").map(|(_, v)| v),
             initial_cluster_token: get("initial-cluster-token").map(|(_, v)| v),
             initial_advertise_peer_urls: get("initial-advertise-peer-urls").map(|(_, v)| v),
+            quota_backend_bytes: get("quota-backend-bytes").and_then(|(_, v)| v.trim().parse().ok()),
             config_file,
             name,
             data_dir,

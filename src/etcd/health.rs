@@ -29,6 +29,8 @@ pub struct Health {
     pub leader: Option<u64>,
     /// The release the server reports in its status answer.
     pub version: Option<String>,
+    /// Its database's sizes, quota, alarm and growth (also while it is not healthy: NOSPACE).
+    pub space: Option<crate::space::Sample>,
     #[serde(with = "crate::telemetry::opt_unix_seconds")]
     pub checked_at: Option<SystemTime>,
 }
@@ -60,10 +62,12 @@ pub async fn run(
     mut child: watch::Receiver<ChildState>,
     health: watch::Sender<Health>,
     mut defragmenting: watch::Receiver<bool>,
+    quota: Option<i64>,
     heartbeat: Heartbeat,
     cancel: CancellationToken,
 ) {
     let mut client: Option<(u64, Client)> = None;
+    let mut forecast = crate::space::Forecast::default();
     let mut defrag_seen: Option<std::time::Instant> = None;
     let mut reported_version: Option<String> = None;
     loop {
@@ -85,10 +89,16 @@ pub async fn run(
             if defragmenting.has_changed().unwrap_or(false) | *defragmenting.borrow_and_update() {
                 defrag_seen = Some(std::time::Instant::now());
             }
-            let mut result = match client.as_mut() {
-                Some((_, c)) => check(c, config.timeout).await,
-                None => Err("etcd is not accepting client connections yet".to_owned()),
+            let (mut result, mut space) = match client.as_mut() {
+                Some((_, c)) => check(c, config.timeout, quota).await,
+                None => (
+                    Err("etcd is not accepting client connections yet".to_owned()),
+                    None,
+                ),
             };
+            if let Some(s) = space.as_mut() {
+                forecast.observe(std::time::Instant::now(), s);
+            }
             if result.is_ok()
                 && let Some(free) = free_bytes(&data_dir).filter(|f| *f < MIN_FREE)
             {
@@ -141,12 +151,15 @@ pub async fn run(
                 let h = match result {
                     Ok(mut h) => {
                         h.incarnation = state.incarnation;
+                        // (A verdict held through a defragmentation keeps its older sizes.)
+                        h.space = space.or(h.space);
                         h
                     }
                     Err(reason) => Health {
                         incarnation: state.incarnation,
                         reason: Some(reason),
                         checked_at: Some(SystemTime::now()),
+                        space,
                         ..Health::default()
                     },
                 };
@@ -189,22 +202,42 @@ pub async fn run(
     }
 }
 
-async fn check(client: &mut Client, timeout: Duration) -> Result<Health, String> {
+/// One check: the verdict, and the space sample taken on the way (`None` when etcd did not answer
+/// its status). `quota`: the command line's `--quota-backend-bytes`.
+async fn check(
+    client: &mut Client,
+    timeout: Duration,
+    quota: Option<i64>,
+) -> (Result<Health, String>, Option<crate::space::Sample>) {
+    let mut space = None;
     let probe = async {
         let status = client
             .status()
             .await
             .map_err(|e| format!("status request failed: {}", brief(&e)))?;
+        let sample = crate::space::Sample {
+            db_size: status.db_size(),
+            db_size_in_use: status.raft_used_db_size(),
+            quota: Some(status.db_size_quota())
+                .filter(|q| *q > 0)
+                .or(quota.filter(|q| *q > 0))
+                .unwrap_or(crate::space::DEFAULT_QUOTA),
+            ..Default::default()
+        };
+        space = Some(sample);
+        let alarms = client
+            .alarm(AlarmAction::Get, AlarmType::None, None)
+            .await
+            .map_err(|e| format!("alarm request failed: {}", brief(&e)))?;
+        if let Some(s) = space.as_mut() {
+            s.nospace = alarms.alarms().iter().any(|a| a.alarm() == AlarmType::Nospace);
+        }
         if status.leader() == 0 {
             return Err("etcd has no leader".to_owned());
         }
         if let Some(err) = status.errors().first() {
             return Err(format!("etcd reports an error: {err}"));
         }
-        let alarms = client
-            .alarm(AlarmAction::Get, AlarmType::None, None)
-            .await
-            .map_err(|e| format!("alarm request failed: {}", brief(&e)))?;
         if let Some(alarm) = alarms.alarms().first() {
             let name = match alarm.alarm() {
                 AlarmType::Nospace => "NOSPACE",
@@ -226,16 +259,18 @@ async fn check(client: &mut Client, timeout: Duration) -> Result<Health, String>
             db_size: Some(status.db_size()),
             leader: Some(status.leader()),
             version: Some(status.version().to_owned()),
+            space: None,
             checked_at: Some(SystemTime::now()),
         })
     };
-    match tokio::time::timeout(timeout, probe).await {
+    let verdict = match tokio::time::timeout(timeout, probe).await {
         Ok(r) => r,
         Err(_) => Err(format!(
             "health check timed out after {}",
             humantime::format_duration(timeout)
         )),
-    }
+    };
+    (verdict, space)
 }
 
 /// An etcd client error as one short phrase: the gRPC status message, or the root cause.

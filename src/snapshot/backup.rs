@@ -48,6 +48,8 @@ pub struct BackupConfig {
     pub keys: super::crypt::Keys,
     /// `--gbr-lease-ttl`: what a restore from GBR's backups gives the leases they do not describe.
     pub gbr_lease_ttl: Duration,
+    /// `--space-keeper` and its thresholds.
+    pub space: crate::space::Config,
     /// etcd's `--initial-cluster` names more than one member: only the warden whose etcd is the
     /// raft leader (not a learner) writes to the store.
     pub cluster: bool,
@@ -163,6 +165,9 @@ pub struct BackupStatus {
     pub deltas_total: u64,
     pub defrags_total: u64,
     pub last_defrag: Option<DefragInfo>,
+    /// NOSPACE repairs this writer ran (`crate::space`), and the last one.
+    pub space_repairs_total: u64,
+    pub last_space_repair: Option<crate::space::Repair>,
     /// What the loop is doing right now (a full snapshot's progress).
     pub in_progress: Option<String>,
     /// Failures by kind ("full", "delta", "retention", "store") and bounded reason.
@@ -211,6 +216,11 @@ pub struct Backup {
     defragmenting: watch::Sender<bool>,
     /// Whether the current client authenticated (auth is enabled in etcd).
     authenticated: bool,
+    /// A repair found the data too large: its size in use then, and when (no new attempt until
+    /// the data shrank or ten minutes passed).
+    space_refused: Option<(i64, std::time::Instant)>,
+    /// The last defragmentation the space keeper started because it paid.
+    paying_defrag_at: Option<std::time::Instant>,
     /// The membership and auth fingerprint recorded with the current chain's full snapshot.
     outside_at_full: Option<String>,
     /// The writer's identity, from its last leadership check.
@@ -238,6 +248,8 @@ fn mtime(path: &std::path::Path) -> Option<SystemTime> {
 }
 
 const RETRY_MIN: Duration = Duration::from_secs(1);
+/// How often the writer looks at the space figures the health loop took (`crate::space`).
+const SPACE_CHECK: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 /// The cap after a failed store request that moves no snapshot (claim, listing): cheap to repeat,
 /// and a writer that just took over must not idle half a minute after the store comes back.
@@ -267,6 +279,8 @@ impl Backup {
                 creds_mtime: None,
                 defragmenting,
                 authenticated: false,
+                space_refused: None,
+                paying_defrag_at: None,
                 identity: Identity::default(),
                 head: None,
                 superseded_in: None,
@@ -843,11 +857,30 @@ impl Backup {
 
     /// Defragments etcd's backend. While it runs etcd answers nothing, so the health loop is told
     /// to hold its verdict (rule 1: a single member's readiness is not a defrag's business).
-    async fn defrag(&mut self, client: &mut Client) {
+    /// `true`: this member's leadership was moved away for it (the caller hands over).
+    async fn defrag(&mut self, client: &mut Client) -> bool {
         // A cluster's writer defragments the followers first, one at a time and only while every
-        // member is healthy, and its own member (the leader) last.
-        if self.cfg.cluster && !self.defrag_followers(client).await {
-            return;
+        // member is healthy, and its own member (the leader) last, once leadership moved to a
+        // follower: a blocked leader would stall every write until an election.
+        let mut moved = false;
+        if self.cfg.cluster {
+            let Some(followers) = self.defrag_followers(client).await else {
+                return false;
+            };
+            if let Some(target) = followers.first() {
+                match crate::space::keeper::move_leader(client, *target).await {
+                    Ok(()) => {
+                        tracing::info!(
+                            to = format!("{target:x}"),
+                            "leadership moved to a defragmented follower before defragmenting this member"
+                        );
+                        moved = true;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot move leadership away: defragmenting this member as the leader")
+                    }
+                }
+            }
         }
         let size = |c: &mut Client| {
             let mut c = c.clone();
@@ -895,16 +928,18 @@ impl Backup {
                 });
             }
         }
+        moved
     }
 
-    /// The followers' part of a cluster's defragmentation; `false` when it did not happen (a member
-    /// unhealthy or unreachable, or a defrag failed), and the leader's own is then skipped too.
-    async fn defrag_followers(&mut self, client: &mut Client) -> bool {
+    /// The followers' part of a cluster's defragmentation: the voters defragmented; `None` when it
+    /// did not happen (a member unhealthy or unreachable, or a defrag failed), and the leader's own
+    /// is then skipped too.
+    async fn defrag_followers(&mut self, client: &mut Client) -> Option<Vec<u64>> {
         let members = match client.member_list().await {
             Ok(r) => r.members().to_vec(),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list the members: no defragmentation this time");
-                return false;
+                return None;
             }
         };
         let me = self.identity.member_id;
@@ -921,17 +956,18 @@ impl Backup {
             };
             match healthy {
                 Some(_) if cfg.endpoints.is_empty() => {}
-                Some(_) => followers.push((m.name().to_owned(), cfg)),
+                Some(_) => followers.push((m.name().to_owned(), cfg, m.id(), m.is_learner())),
                 None => {
                     tracing::warn!(
                         member = m.name(),
                         "a member is not healthy: no defragmentation of the cluster this time"
                     );
-                    return false;
+                    return None;
                 }
             }
         }
-        for (name, mut cfg) in followers {
+        let mut voters = Vec::new();
+        for (name, mut cfg, id, learner) in followers {
             cfg.timeout = Duration::from_secs(1800);
             let started = std::time::Instant::now();
             tracing::info!(member = %name, "defragmenting a follower");
@@ -941,7 +977,10 @@ impl Backup {
             };
             match result {
                 Ok(()) => {
-                    tracing::info!(member = %name, seconds = started.elapsed().as_secs_f64(), "follower defragmented")
+                    tracing::info!(member = %name, seconds = started.elapsed().as_secs_f64(), "follower defragmented");
+                    if !learner {
+                        voters.push(id);
+                    }
                 }
                 Err(err) => {
                     tracing::error!(member = %name, error = %err, "defragmenting a follower failed: the rest of the cluster waits for the next schedule");
@@ -950,11 +989,128 @@ impl Backup {
                         s.last_error = Some(format!("defrag of {name}: {err}"));
                         s.last_error_at = Some(SystemTime::now());
                     });
-                    return false;
+                    return None;
                 }
             }
         }
-        true
+        Some(voters)
+    }
+
+    /// The writer's part of keeping space (`crate::space`), between snapshots: NOSPACE repaired,
+    /// and a defragmentation when the free pages make it pay. `true`: leadership moved away for a
+    /// defragmentation (hand over).
+    async fn keep_space(&mut self, client: &mut Client, store: &Store, buf: &mut DeltaBuffer) -> bool {
+        if !self.cfg.space.enabled {
+            return false;
+        }
+        let Some(sample) = self.health.borrow().space.clone() else {
+            return false;
+        };
+        if sample.nospace {
+            if let Some((in_use, at)) = self.space_refused
+                && sample.db_size_in_use >= in_use
+                && at.elapsed() < Duration::from_secs(600)
+            {
+                return false;
+            }
+            return self.repair_nospace(client, store, buf, sample).await;
+        }
+        if self.cfg.space.defrag_pays(&sample)
+            && self
+                .paying_defrag_at
+                .is_none_or(|t| t.elapsed() > Duration::from_secs(600))
+        {
+            tracing::info!(
+                db_size = sample.db_size,
+                in_use = sample.db_size_in_use,
+                "free pages make a defragmentation pay"
+            );
+            self.paying_defrag_at = Some(std::time::Instant::now());
+            return self.defrag(client).await;
+        }
+        false
+    }
+
+    /// NOSPACE: compact to the newest revision the store holds (every write up to it is backed up,
+    /// so nothing is lost), defragment member by member, disarm; or say the data is too large.
+    async fn repair_nospace(
+        &mut self,
+        client: &mut Client,
+        store: &Store,
+        buf: &mut DeltaBuffer,
+        sample: crate::space::Sample,
+    ) -> bool {
+        let started = std::time::Instant::now();
+        tracing::warn!(
+            db_size = sample.db_size,
+            in_use = sample.db_size_in_use,
+            quota = sample.quota,
+            "etcd raised NOSPACE: repairing (compaction to the backed-up revision, defragmentation, disarm)"
+        );
+        // What etcd sent so far goes to the store first: the compaction stops at what it holds.
+        self.flush(store, buf).await;
+        let backed_up = self.status.borrow().backed_up_revision;
+        let compacted_to = match backed_up {
+            Some(r) => match crate::space::keeper::compact_to(client, r).await {
+                Ok(done) => done,
+                Err(e) => {
+                    tracing::error!(error = %e, "NOSPACE repair: compaction failed");
+                    None
+                }
+            },
+            None => {
+                tracing::warn!("NOSPACE repair: no revision is backed up yet, so nothing is compacted");
+                None
+            }
+        };
+        let moved = self.defrag(client).await;
+        let after = match client.status().await {
+            Ok(s) => (s.db_size(), s.raft_used_db_size()),
+            Err(_) => (sample.db_size, sample.db_size_in_use),
+        };
+        let verdict = crate::space::after_repair(after.1, sample.quota, compacted_to.or(backed_up));
+        let disarmed = match &verdict {
+            Ok(()) => match crate::space::keeper::disarm_nospace(client).await {
+                Ok(n) => {
+                    tracing::info!(alarms = n, "NOSPACE disarmed");
+                    self.space_refused = None;
+                    true
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "NOSPACE repair: disarming failed");
+                    false
+                }
+            },
+            Err(problem) => {
+                tracing::error!("{problem}");
+                self.space_refused = Some((after.1, std::time::Instant::now()));
+                false
+            }
+        };
+        let repair = crate::space::Repair {
+            at: Some(SystemTime::now()),
+            compacted_to,
+            db_size_before: sample.db_size,
+            db_size_after: after.0,
+            db_size_in_use_after: after.1,
+            quota: sample.quota,
+            seconds: started.elapsed().as_secs_f64(),
+            disarmed,
+            problem: verdict.err(),
+        };
+        tracing::info!(
+            compacted_to,
+            db_size_before = repair.db_size_before,
+            db_size_after = repair.db_size_after,
+            seconds = repair.seconds,
+            disarmed,
+            "NOSPACE repair done"
+        );
+        self.status.send_modify(|s| {
+            s.space_repairs_total += 1;
+            s.last_space_repair = Some(repair);
+        });
+        moved
     }
 
     /// One full snapshot, with status, metrics and retention. `Ok(the chain it starts)` on success.
@@ -1190,6 +1346,8 @@ impl Backup {
         let mut chain_full_not_before = tokio::time::Instant::now();
         let mut leadership = tokio::time::interval(LEADERSHIP_CHECK);
         leadership.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut space = tokio::time::interval(SPACE_CHECK);
+        space.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if std::mem::take(&mut self.full_asap)
                 && let Some(o) = self.full_during_stream(client, store, &mut buf).await
@@ -1255,8 +1413,20 @@ impl Backup {
                     if let Some(o) = self.full_during_stream(client, store, &mut buf).await { return o; }
                 }
                 _ = defrag_due => {
-                    self.defrag(client).await;
+                    let moved = self.defrag(client).await;
                     next_defrag = self.cfg.defrag_schedule.as_ref().and_then(next_at);
+                    if moved {
+                        self.flush(store, &mut buf).await;
+                        self.status.send_modify(|s| s.role = Some("follower".into()));
+                        return Outcome::Reconnect;
+                    }
+                }
+                _ = space.tick() => {
+                    if self.keep_space(client, store, &mut buf).await {
+                        self.flush(store, &mut buf).await;
+                        self.status.send_modify(|s| s.role = Some("follower".into()));
+                        return Outcome::Reconnect;
+                    }
                 }
                 _ = full_due => {
                     next_full = self.next_full_at();
