@@ -151,3 +151,110 @@ fn data_too_large_for_the_quota_is_reported_once_and_not_looped_on() {
     }
     assert_eq!(status["space"]["nospace"], true, "{status}");
 }
+
+/// The `ts` of the last etcd log line with exactly `msg` in a warden's log.
+fn last_logged(log: &str, msg: &str) -> Option<std::time::SystemTime> {
+    let needle = format!("\"msg\":\"{msg}\"");
+    let line = log.lines().filter(|l| l.contains(&needle)).last()?;
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    humantime::parse_rfc3339(v["ts"].as_str()?).ok()
+}
+
+/// Three members at NOSPACE: the writer repairs it once for all, and etcd's own logs show each
+/// member defragmented alone (no two defragmentations overlap, so at most one member at a time
+/// answers nothing) and the leader of the moment last, after leadership moved away from it. Every
+/// write acknowledged before is in the store.
+#[test]
+fn three_members_at_nospace_are_repaired_one_at_a_time_with_the_leader_last() {
+    use common::cluster::*;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let store = format!("file://{}/store", d.display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let etcd = default_etcd();
+    let ctl = etcdctl_for(&etcd);
+    let mut wardens: Vec<Option<Warden>> = (0..3)
+        .map(|i| {
+            let mut argv = member_args_token(&etcd, &ips, i, &d.join(format!("m{i}")), "space");
+            argv.extend(["--quota-backend-bytes".to_owned(), QUOTA.to_owned()]);
+            Some(Warden::start(
+                &ips[i],
+                &["--store", &store, "--delta-snapshot-period", "200ms"],
+                &argv,
+            ))
+        })
+        .collect();
+    for w in wardens.iter().flatten() {
+        w.wait_ready(START);
+    }
+    let leader = the_writer(&wardens);
+    let mut acked = fill_to_nospace(&ctl, &ips[leader], 4);
+    let full_at = Instant::now();
+    let through = wait_for("a write to go through after NOSPACE", START, || {
+        ips.iter()
+            .position(|ip| put(&ctl, ip, "after-nospace", "v").is_ok())
+    });
+    eprintln!(
+        "three members: NOSPACE to writable in {:.1} s (through m{through})",
+        full_at.elapsed().as_secs_f64()
+    );
+    acked.push("after-nospace".into());
+    let alarms = etcdctl(&ctl, &ips[0], &["alarm", "list"]).unwrap();
+    assert!(alarms.trim().is_empty(), "alarms left: {alarms}");
+
+    let mut rounds: Vec<(usize, std::time::SystemTime, std::time::SystemTime)> = (0..3)
+        .map(|i| {
+            let log = wardens[i].as_ref().unwrap().log_text();
+            let start = last_logged(&log, "starting defragment")
+                .unwrap_or_else(|| panic!("m{i} was not defragmented"));
+            let end = last_logged(&log, "finished defragment").expect("a finished defragment");
+            (i, start, end)
+        })
+        .collect();
+    rounds.sort_by_key(|(_, start, _)| *start);
+    for pair in rounds.windows(2) {
+        assert!(
+            pair[1].1 >= pair[0].2,
+            "m{} started defragmenting before m{} finished: {rounds:?}",
+            pair[1].0,
+            pair[0].0
+        );
+    }
+    assert_eq!(
+        rounds.last().unwrap().0,
+        leader,
+        "the leader (m{leader}) was not defragmented last: {rounds:?}"
+    );
+    let longest = rounds
+        .iter()
+        .map(|(_, s, e)| e.duration_since(*s).unwrap_or_default())
+        .max()
+        .unwrap();
+    eprintln!("longest member defragmentation: {:.2} s", longest.as_secs_f64());
+    let now_leading = the_writer(&wardens);
+    assert_ne!(
+        now_leading, leader,
+        "leadership did not move off m{leader} before its defragmentation"
+    );
+    let repairs: u64 = wardens
+        .iter()
+        .flatten()
+        .map(|w| w.status()["space"]["repairs_total"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(repairs, 1, "one repair for the cluster");
+
+    let newest = etcd_revision(&ctl, &ips[0]);
+    wait_for(&format!("revision {newest} in the store"), START, || {
+        wardens
+            .iter()
+            .flatten()
+            .any(|w| w.status()["backup"]["backed_up_revision"].as_i64() >= Some(newest))
+            .then_some(())
+    });
+    stop_all(&mut wardens);
+    acked.sort();
+    let (mut found, _) = keys_after_restore(&etcd, &store, &[], "acked-");
+    found.extend(keys_after_restore(&etcd, &store, &[], "after-nospace").0);
+    found.sort();
+    assert_none_lost(&acked, &found, "after the cluster's NOSPACE repair");
+}

@@ -949,7 +949,8 @@ impl Backup {
             cfg.endpoints = m.client_urls().to_vec();
             let healthy = match cfg.connect().await {
                 Ok(mut c) => match c.status().await {
-                    Ok(s) if s.leader() != 0 && s.errors().is_empty() => Some(c),
+                    // A NOSPACE alarm is no reason to hold back: the repair is what ends it.
+                    Ok(s) if s.leader() != 0 && s.errors().iter().all(|e| e.contains("NOSPACE")) => Some(c),
                     _ => None,
                 },
                 Err(_) => None,
