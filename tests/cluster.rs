@@ -485,7 +485,7 @@ fn the_writer_defragments_followers_one_at_a_time_and_itself_last() {
     // The last defragmentation of each member, by its etcd's log, in the order they started.
     let logged = |log: &str, msg: &str| -> std::time::SystemTime {
         let needle = format!("\"msg\":\"{msg}\"");
-        let line = log.lines().filter(|l| l.contains(&needle)).last().expect(msg);
+        let line = log.lines().rfind(|l| l.contains(&needle)).expect(msg);
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         humantime::parse_rfc3339(v["ts"].as_str().unwrap()).unwrap()
     };

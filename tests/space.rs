@@ -155,7 +155,7 @@ fn data_too_large_for_the_quota_is_reported_once_and_not_looped_on() {
 /// The `ts` of the last etcd log line with exactly `msg` in a warden's log.
 fn last_logged(log: &str, msg: &str) -> Option<std::time::SystemTime> {
     let needle = format!("\"msg\":\"{msg}\"");
-    let line = log.lines().filter(|l| l.contains(&needle)).last()?;
+    let line = log.lines().rfind(|l| l.contains(&needle))?;
     let v: serde_json::Value = serde_json::from_str(line).ok()?;
     humantime::parse_rfc3339(v["ts"].as_str()?).ok()
 }
