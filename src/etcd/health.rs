@@ -225,15 +225,17 @@ async fn check(
             ..Default::default()
         };
         space = Some(sample);
+        if status.leader() == 0 {
+            return Err("etcd has no leader".to_owned());
+        }
+        // Before the status' errors, which name a raised alarm too: the space sample needs to know
+        // whether it is NOSPACE.
         let alarms = client
             .alarm(AlarmAction::Get, AlarmType::None, None)
             .await
             .map_err(|e| format!("alarm request failed: {}", brief(&e)))?;
         if let Some(s) = space.as_mut() {
             s.nospace = alarms.alarms().iter().any(|a| a.alarm() == AlarmType::Nospace);
-        }
-        if status.leader() == 0 {
-            return Err("etcd has no leader".to_owned());
         }
         if let Some(err) = status.errors().first() {
             return Err(format!("etcd reports an error: {err}"));
