@@ -1359,10 +1359,26 @@ fn randomized_fault_schedule_against_three_members_under_writes() {
             "move the leader" => {
                 let leader = the_writer(&wardens);
                 let to = (leader + 1 + rng.usize(0..2)) % 3;
-                let id = member_ids(&ctl, &ips[to])
-                    .into_iter()
-                    .find(|(n, _)| *n == format!("m{to}"))
-                    .map(|(_, id)| id);
+                // Asked through every member: the one moved to may be between two faults' ends.
+                let listed = Command::new(&ctl)
+                    .args([
+                        "--endpoints",
+                        &endpoints.join(","),
+                        "member",
+                        "list",
+                        "-w",
+                        "json",
+                    ])
+                    .output()
+                    .ok()
+                    .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok());
+                let id = listed.and_then(|v| {
+                    v["members"].as_array()?.iter().find_map(|m| {
+                        (m["name"].as_str()? == format!("m{to}"))
+                            .then(|| m["ID"].as_u64())
+                            .flatten()
+                    })
+                });
                 if let Some(id) = id {
                     let _ = Command::new(&ctl)
                         .args([
@@ -1383,6 +1399,12 @@ fn randomized_fault_schedule_against_three_members_under_writes() {
                 let pid = w.etcd_pid().unwrap();
                 std::fs::remove_dir_all(dir.path().join(format!("m{v}"))).unwrap();
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+                // Its warden must have seen the kill before "all three ready" means anything (a
+                // check right after the kill still read the last verdict, and the next fault then
+                // asked the dead member).
+                wait_for("the warden to see its etcd killed", START, || {
+                    (w.etcd_pid() != Some(pid)).then_some(())
+                });
                 deleted = Some(v);
                 schedule.push(format!("       (the follower was m{v})"));
             }
