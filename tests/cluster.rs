@@ -483,12 +483,7 @@ fn the_writer_defragments_followers_one_at_a_time_and_itself_last() {
         || (rounds(&wardens) > done + 1).then_some(()),
     );
     // The last defragmentation of each member, by its etcd's log, in the order they started.
-    let logged = |log: &str, msg: &str| -> std::time::SystemTime {
-        let needle = format!("\"msg\":\"{msg}\"");
-        let line = log.lines().rfind(|l| l.contains(&needle)).expect(msg);
-        let v: serde_json::Value = serde_json::from_str(line).unwrap();
-        humantime::parse_rfc3339(v["ts"].as_str().unwrap()).unwrap()
-    };
+    let logged = |log: &str, msg: &str| last_logged(log, msg).expect(msg);
     let mut last: Vec<(usize, std::time::SystemTime, std::time::SystemTime)> = wardens
         .iter()
         .enumerate()

@@ -535,22 +535,23 @@ fn three_members_roll_from_3_5_to_3_6_to_3_7_under_writes_losing_nothing() {
     let roll = |wardens: &mut Vec<Option<Warden>>, etcd: &Path, release: &str, extra: &[&str]| {
         roll_some(wardens, 0..3, etcd, release, extra)
     };
+    // m0 stopped, then refused 3.7.3 (64, its data dir unchanged) with a message holding `said`.
+    let refused_37_on_m0 = |wardens: &mut Vec<Option<Warden>>, said: &[&str]| {
+        let mut m0 = wardens[0].take().unwrap();
+        m0.signal(Signal::SIGTERM);
+        assert_eq!(m0.wait_exit(START), 143);
+        let before = tree(&data(0));
+        let argv = member_args_token(&etcd37(), &ips, 0, &data(0), "rolling");
+        let (code, text) = refused_run_argv(&ips[0], d, &argv, &[]);
+        assert_eq!(code, Some(64), "{text}");
+        assert!(said.iter().all(|s| text.contains(s)), "{text}");
+        assert_eq!(tree(&data(0)), before, "the refused start changed m0's data dir");
+    };
     let rolling = std::time::Instant::now();
     roll_some(&mut wardens, 0..1, &etcd36(), "3.6.16", &[]);
     // Mid-roll, m0's data went through 3.6 but the cluster version is still 3.5 (m1 and m2 run
     // 3.5.30): 3.7 on m0 is refused from what the peers say, nothing touched.
-    let mut m0 = wardens[0].take().unwrap();
-    m0.signal(Signal::SIGTERM);
-    assert_eq!(m0.wait_exit(START), 143);
-    let before = tree(&data(0));
-    let argv = member_args_token(&etcd37(), &ips, 0, &data(0), "rolling");
-    let (code, text) = refused_run_argv(&ips[0], d, &argv, &[]);
-    assert_eq!(code, Some(64), "{text}");
-    assert!(
-        text.contains("the cluster version is 3.5") && text.contains("runs 3.5.30"),
-        "{text}"
-    );
-    assert_eq!(tree(&data(0)), before, "the refused start changed m0's data dir");
+    refused_37_on_m0(&mut wardens, &["the cluster version is 3.5", "runs 3.5.30"]);
     roll_some(&mut wardens, 0..3, &etcd36(), "3.6.16", &[]);
     eprintln!(
         "three members rolled 3.5.30 -> 3.6.16 under writes in {:?}",
@@ -565,18 +566,7 @@ fn three_members_roll_from_3_5_to_3_6_to_3_7_under_writes_losing_nothing() {
     });
 
     // 3.7 on m0 now: refused, nothing touched.
-    let mut m0 = wardens[0].take().unwrap();
-    m0.signal(Signal::SIGTERM);
-    assert_eq!(m0.wait_exit(START), 143);
-    let before = tree(&data(0));
-    let argv = member_args_token(&etcd37(), &ips, 0, &data(0), "rolling");
-    let (code, text) = refused_run_argv(&ips[0], d, &argv, &[]);
-    assert_eq!(code, Some(64), "{text}");
-    assert!(
-        text.contains("v2 format") && text.contains("--snapshot-count"),
-        "{text}"
-    );
-    assert_eq!(tree(&data(0)), before, "the refused start changed m0's data dir");
+    refused_37_on_m0(&mut wardens, &["v2 format", "--snapshot-count"]);
     let argv = member_args_token(&etcd36(), &ips, 0, &data(0), "rolling");
     let w = Warden::start(
         &ips[0],

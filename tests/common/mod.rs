@@ -910,3 +910,12 @@ pub fn run_block(block: &str, vars: &[(&str, String)], path_dirs: &[&Path], what
     );
     stdout
 }
+
+/// The `ts` of the last etcd JSON log line with exactly `msg` in `log` (a warden's log carries its
+/// etcd's lines).
+pub fn last_logged(log: &str, msg: &str) -> Option<std::time::SystemTime> {
+    let needle = format!("\"msg\":\"{msg}\"");
+    let line = log.lines().rfind(|l| l.contains(&needle))?;
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    humantime::parse_rfc3339(v["ts"].as_str()?).ok()
+}
