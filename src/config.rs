@@ -500,6 +500,15 @@ pub struct RunOptions {
     /// ...and at least this many bytes [default: 64MiB]
     #[arg(long, env = "ETCD_WARDEN_SPACE_DEFRAG_FREE_MIN", value_name = "SIZE")]
     pub space_defrag_free_min: Option<String>,
+    /// Keep this much history: the writer compacts revisions older than this (a tenth of it
+    /// apart), never past the revision the store holds, so no compaction breaks the delta chain
+    /// [default: none; the warden compacts only to repair NOSPACE]
+    #[arg(long, env = "ETCD_WARDEN_SPACE_HISTORY", value_name = "DURATION")]
+    pub space_history: Option<String>,
+    /// Report this member not ready while it defragments (by default its last verdict is held:
+    /// etcd is busy, not broken)
+    #[arg(long, env = "ETCD_WARDEN_SPACE_DEFRAG_NOT_READY")]
+    pub space_defrag_not_ready: bool,
 }
 
 #[derive(Debug, Args)]
@@ -638,6 +647,8 @@ impl RunOptions {
             space_keeper: self.space_keeper.or(file.space_keeper),
             space_defrag_free_ratio: self.space_defrag_free_ratio.or(file.space_defrag_free_ratio),
             space_defrag_free_min: self.space_defrag_free_min.or(file.space_defrag_free_min),
+            space_history: self.space_history.or(file.space_history),
+            space_defrag_not_ready: self.space_defrag_not_ready || file.space_defrag_not_ready,
             admin_token_file: self.admin_token_file.or(file.admin_token_file),
             owner_name: self.owner_name.or(file.owner_name),
             owner_id: self.owner_id.or(file.owner_id),
@@ -975,10 +986,24 @@ impl RunConfig {
                     reason: format!("{min_s:?}: not a size (write e.g. 64MiB)"),
                 })?
                 .as_u64() as i64;
+            let history = match o.space_history.as_deref() {
+                None | Some("none") => None,
+                Some(h) => Some(
+                    humantime::parse_duration(h)
+                        .ok()
+                        .filter(|d| !d.is_zero())
+                        .ok_or_else(|| ConfigError::Invalid {
+                            option: "space-history",
+                            reason: format!("{h:?}: not a duration above zero (write e.g. 1h, or none)"),
+                        })?,
+                ),
+            };
             crate::space::Config {
                 enabled,
                 defrag_ratio: ratio,
                 defrag_min_bytes: min,
+                history,
+                defrag_not_ready: o.space_defrag_not_ready,
             }
         };
         let backup = BackupConfig {

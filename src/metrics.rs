@@ -170,6 +170,12 @@ pub const METRICS: &[Metric] = &[
         help: "NOSPACE repairs this writer ran (compaction to the backed-up revision, defragmentation, disarm).",
     },
     Metric {
+        name: "etcd_warden_space_history_compactions",
+        kind: MetricKind::Counter,
+        present: "always",
+        help: "Compactions this writer ran for --space-history (never past the revision the store holds).",
+    },
+    Metric {
         name: "etcd_warden_space_db_size_in_use_bytes",
         kind: MetricKind::Gauge,
         present: "after etcd's first status answer",
@@ -550,6 +556,10 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
     out.push(family(
         "etcd_warden_space_repairs",
         vec![(Vec::new(), b.space_repairs_total as f64)],
+    ));
+    out.push(family(
+        "etcd_warden_space_history_compactions",
+        vec![(Vec::new(), b.space_compactions_total as f64)],
     ));
     if let Some(space) = &shared.health.borrow().space {
         out.push(family(

@@ -184,6 +184,7 @@ pub async fn run(
         child_rx.clone(),
         health_tx,
         defrag_rx,
+        config.backup.space.defrag_not_ready,
         config.etcd.quota_backend_bytes,
         shared.health_heartbeat.clone(),
         cancel.child_token(),

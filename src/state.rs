@@ -118,6 +118,14 @@ impl Shared {
         if let Some(obj) = v.as_object_mut() {
             obj.insert("repairs_total".into(), b.space_repairs_total.into());
             obj.insert(
+                "history_compactions_total".into(),
+                b.space_compactions_total.into(),
+            );
+            obj.insert(
+                "history_compacted_revision".into(),
+                b.space_compacted_revision.into(),
+            );
+            obj.insert(
                 "last_repair".into(),
                 serde_json::to_value(&b.last_space_repair).unwrap_or_default(),
             );

@@ -150,10 +150,12 @@ fn a_word_no_release_knows_is_refused_with_64_before_anything_is_touched() {
 
 /// The upgrade options with a wrong value: exit 64 naming the option, nothing created.
 #[test]
-fn a_missing_previous_etcd_or_a_bad_rollback_retention_is_refused_with_64() {
+fn a_missing_previous_etcd_or_a_bad_rollback_retention_or_space_history_is_refused_with_64() {
     for (opts, named) in [
         (["--previous-etcd", "/nonexistent/etcd-3.5"], "--previous-etcd"),
         (["--rollback-retention", "a while"], "--rollback-retention"),
+        (["--space-history", "0s"], "--space-history"),
+        (["--space-history", "an hour"], "--space-history"),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");

@@ -156,14 +156,6 @@ fn data_too_large_for_the_quota_is_reported_once_and_not_looped_on() {
     assert_eq!(status["space"]["nospace"], true, "{status}");
 }
 
-/// The `ts` of the last etcd log line with exactly `msg` in a warden's log.
-fn last_logged(log: &str, msg: &str) -> Option<std::time::SystemTime> {
-    let needle = format!("\"msg\":\"{msg}\"");
-    let line = log.lines().rfind(|l| l.contains(&needle))?;
-    let v: serde_json::Value = serde_json::from_str(line).ok()?;
-    humantime::parse_rfc3339(v["ts"].as_str()?).ok()
-}
-
 /// Three members at NOSPACE: the writer repairs it once for all, and etcd's own logs show each
 /// member defragmented alone (no two defragmentations overlap, so at most one member at a time
 /// answers nothing) and the leader of the moment last, after leadership moved away from it. Every
@@ -300,4 +292,177 @@ fn external_compaction_under_steady_writes_keeps_the_chain_and_every_write() {
     acked.sort();
     let (found, _) = keys_after_restore(&default_etcd(), &store, &[], "k");
     assert_none_lost(&acked, &found, "after 20 external compactions");
+}
+
+/// `--space-history` under steady writes and watch restarts: the writer compacts at least 1,000
+/// times (counted by etcd's own compaction histogram, not only by the warden), never past the
+/// revision the store held, so no compaction breaks the chain (no break, one full) and a restore
+/// has every acknowledged write; the old revisions are really gone from etcd.
+#[test]
+fn the_history_window_compacts_a_thousand_times_under_writes_without_breaking_the_chain() {
+    use common::cluster::writer;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let ip = unique_ip();
+    let ctl = etcdctl_for(&default_etcd());
+    let store = format!("file://{}/store", dir.path().display());
+    let mut argv = vec![default_etcd().display().to_string()];
+    argv.extend(etcd_args(&ip, &dir.path().join("data")));
+    // A 100 ms window, looked at every 10 ms; deltas every 10 ms so the store's revision moves.
+    let mut w = Warden::start(
+        &ip,
+        &[
+            "--store",
+            &store,
+            "--delta-snapshot-period",
+            "10ms",
+            "--space-history",
+            "100ms",
+        ],
+        &argv,
+    );
+    w.wait_ready(START);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = writer(ip.clone(), stop.clone());
+    let etcd_compactions = || -> u64 {
+        let metrics = http_get(&format!("{ip}:2379"), "/metrics")
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("etcd_debugging_mvcc_db_compaction_total_duration_milliseconds_count ")
+            })
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    // A SIGHUP every half second makes the writer open its watch again, from the revision after
+    // the store's newest: a compaction past that revision would break the chain there.
+    let started = Instant::now();
+    wait_for(
+        "1,000 compactions by etcd's own count",
+        Duration::from_secs(300),
+        || {
+            w.signal(nix::sys::signal::Signal::SIGHUP);
+            std::thread::sleep(Duration::from_millis(500));
+            let status = w.status();
+            assert_eq!(
+                status["backup"]["chain_breaks_total"], 0,
+                "a compaction broke the chain: {status}"
+            );
+            (etcd_compactions() >= 1000).then_some(())
+        },
+    );
+    eprintln!("1,000 compactions in {:.1} s", started.elapsed().as_secs_f64());
+    stop.store(true, Ordering::SeqCst);
+    let mut acked = writes.join().unwrap();
+    assert!(acked.len() > 500, "only {} writes", acked.len());
+    let newest = etcd_revision(&ctl, &ip);
+    wait_for(&format!("revision {newest} in the store"), START, || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(newest)).then_some(())
+    });
+    let status = w.status();
+    assert!(
+        status["space"]["history_compactions_total"].as_u64() >= Some(1000),
+        "{status}"
+    );
+    assert_eq!(status["backup"]["chain_breaks_total"], 0, "{status}");
+    assert_eq!(
+        status["backup"]["fulls_total"], 1,
+        "a full after a break: {status}"
+    );
+    // The first keys' revisions are compacted away in etcd.
+    let old = etcdctl(&ctl, &ip, &["get", "k000000", "--rev", "3"]).unwrap_err();
+    assert!(old.contains("compacted"), "{old}");
+    w.signal(nix::sys::signal::Signal::SIGTERM);
+    w.wait_exit(START);
+    acked.sort();
+    let (found, _) = keys_after_restore(&default_etcd(), &store, &[], "k");
+    assert_none_lost(&acked, &found, "after 1,000 history compactions");
+}
+
+/// Puts `mib` values of 1 MiB under their own keys (live data a defragmentation must copy).
+fn fill_live(ip: &str, mib: usize) {
+    rt().block_on(async {
+        let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], None)
+            .await
+            .unwrap();
+        let value = vec![b'x'; 1 << 20];
+        for i in 0..mib {
+            c.put(format!("live-{i:04}"), value.clone(), None).await.unwrap();
+        }
+    });
+}
+
+/// Runs `etcdctl defrag` (an operator's, not the warden's) while polling /readyz every 20 ms; the
+/// answers seen during it and how long it took.
+fn readyz_during_defrag(w: &Warden, ctl: &Path, ip: &str) -> (Vec<(u16, String)>, Duration) {
+    let (ctl, ip2) = (ctl.to_owned(), ip.to_owned());
+    let started = Instant::now();
+    let defrag = std::thread::spawn(move || etcdctl(&ctl, &ip2, &["defrag", "--command-timeout", "120s"]));
+    let mut seen = Vec::new();
+    while !defrag.is_finished() {
+        if let Some(answer) = w.get("/readyz") {
+            seen.push(answer);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    defrag.join().unwrap().expect("etcdctl defrag");
+    (seen, started.elapsed())
+}
+
+/// A defragmentation this warden did not start (a follower's is started by another member's
+/// writer; here an operator's `etcdctl defrag`) blocks etcd's answers beyond the health timeout.
+/// By default readiness holds its verdict through it (etcd is busy, not broken); with
+/// `--space-defrag-not-ready` the member says not ready, naming the defragmentation, and is
+/// ready again after.
+#[test]
+fn a_defragmentation_keeps_readiness_unless_the_operator_asks_for_not_ready() {
+    let ctl = etcdctl_for(&default_etcd());
+    for not_ready in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let ip = unique_ip();
+        let mut argv = vec![default_etcd().display().to_string()];
+        argv.extend(etcd_args(&ip, &dir.path().join("data")));
+        let store = format!("file://{}/store", dir.path().display());
+        let mut opts = vec![
+            "--store",
+            &store,
+            "--health-timeout",
+            "200ms",
+            "--health-interval",
+            "100ms",
+        ];
+        if not_ready {
+            opts.push("--space-defrag-not-ready");
+        }
+        let w = Warden::start(&ip, &opts, &argv);
+        w.wait_ready(START);
+        fill_live(&ip, 300);
+        w.wait_ready(START);
+        let (seen, took) = readyz_during_defrag(&w, &ctl, &ip);
+        eprintln!(
+            "not_ready={not_ready}: defragmentation of 300 MiB took {:.2} s, {} answers",
+            took.as_secs_f64(),
+            seen.len()
+        );
+        assert!(took > Duration::from_millis(400), "too quick to tell: {took:?}");
+        let refused: Vec<_> = seen.iter().filter(|(code, _)| *code != 200).collect();
+        if not_ready {
+            assert!(!refused.is_empty(), "ready all through the defragmentation");
+            assert!(
+                refused.iter().all(|(_, body)| body.contains("defragmenting")),
+                "{refused:?}"
+            );
+            wait_for("ready again after the defragmentation", START, || {
+                (w.get("/readyz")?.0 == 200).then_some(())
+            });
+        } else {
+            assert!(
+                refused.is_empty(),
+                "not ready during a defragmentation: {refused:?}"
+            );
+        }
+    }
 }

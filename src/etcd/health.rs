@@ -62,6 +62,7 @@ pub async fn run(
     mut child: watch::Receiver<ChildState>,
     health: watch::Sender<Health>,
     mut defragmenting: watch::Receiver<bool>,
+    defrag_not_ready: bool,
     quota: Option<i64>,
     heartbeat: Heartbeat,
     cancel: CancellationToken,
@@ -85,8 +86,13 @@ pub async fn run(
                     }
                 };
             }
-            // A defrag that started and ended between two checks counts too (has_changed).
-            if defragmenting.has_changed().unwrap_or(false) | *defragmenting.borrow_and_update() {
+            // A defrag that started and ended between two checks counts too (has_changed). So does
+            // one this warden did not start: another member's writer defragmenting this member,
+            // or an operator's `etcdctl defrag` (etcd's temporary copy in the data dir tells).
+            if defragmenting.has_changed().unwrap_or(false)
+                | *defragmenting.borrow_and_update()
+                | crate::space::defrag_in_progress(&data_dir)
+            {
                 defrag_seen = Some(std::time::Instant::now());
             }
             let (mut result, mut space) = match client.as_mut() {
@@ -121,15 +127,25 @@ pub async fn run(
             {
                 result = Err(why);
             }
-            if *defragmenting.borrow() {
+            let defrag_now = *defragmenting.borrow() || crate::space::defrag_in_progress(&data_dir);
+            if defrag_now {
                 defrag_seen = Some(std::time::Instant::now());
             }
-            // etcd answers nothing while it defragments: a check that failed during one (or just
-            // after) keeps the previous verdict of this incarnation instead of calling a busy etcd
-            // unhealthy.
-            if let Err(reason) = &result
-                && defrag_seen.is_some_and(|t| t.elapsed() < AFTER_DEFRAG)
+            let defrag_recent = defrag_seen.is_some_and(|t| t.elapsed() < AFTER_DEFRAG);
+            if defrag_not_ready && (defrag_now || result.is_err() && defrag_recent) {
+                // The operator asked (`--space-defrag-not-ready`): clients go elsewhere meanwhile,
+                // and for a check that failed just after it, which is the defrag's doing too.
+                result = Err(
+                    "etcd is defragmenting its database and answers nothing until it is done \
+                     (--space-defrag-not-ready)"
+                        .to_owned(),
+                );
+            } else if let Err(reason) = &result
+                && defrag_recent
             {
+                // etcd answers nothing while it defragments: a check that failed during one (or
+                // just after) keeps the previous verdict of this incarnation instead of calling a
+                // busy etcd unhealthy.
                 let prev = health.borrow().clone();
                 if prev.healthy && prev.incarnation == state.incarnation {
                     tracing::debug!(reason = %reason, "health check failed during defragmentation; verdict held");

@@ -168,6 +168,9 @@ pub struct BackupStatus {
     /// NOSPACE repairs this writer ran (`crate::space`), and the last one.
     pub space_repairs_total: u64,
     pub last_space_repair: Option<crate::space::Repair>,
+    /// Compactions this writer ran for `--space-history`, and the revision of the last one.
+    pub space_compactions_total: u64,
+    pub space_compacted_revision: Option<i64>,
     /// What the loop is doing right now (a full snapshot's progress).
     pub in_progress: Option<String>,
     /// Failures by kind ("full", "delta", "retention", "store") and bounded reason.
@@ -221,6 +224,8 @@ pub struct Backup {
     space_refused: Option<(i64, std::time::Instant)>,
     /// The last defragmentation the space keeper started because it paid.
     paying_defrag_at: Option<std::time::Instant>,
+    /// `--space-history`: the revisions the store held, to compact to once a window old.
+    history: crate::space::History,
     /// The membership and auth fingerprint recorded with the current chain's full snapshot.
     outside_at_full: Option<String>,
     /// The writer's identity, from its last leadership check.
@@ -281,6 +286,7 @@ impl Backup {
                 authenticated: false,
                 space_refused: None,
                 paying_defrag_at: None,
+                history: crate::space::History::default(),
                 identity: Identity::default(),
                 head: None,
                 superseded_in: None,
@@ -1016,7 +1022,7 @@ impl Backup {
             }
             return self.repair_nospace(client, store, buf, sample).await;
         }
-        if self.cfg.space.defrag_pays(&sample)
+        if let Some(why) = self.cfg.space.defrag_pays(&sample)
             && self
                 .paying_defrag_at
                 .is_none_or(|t| t.elapsed() > Duration::from_secs(600))
@@ -1024,12 +1030,43 @@ impl Backup {
             tracing::info!(
                 db_size = sample.db_size,
                 in_use = sample.db_size_in_use,
-                "free pages make a defragmentation pay"
+                seconds_to_nospace = sample.seconds_to_nospace,
+                "{why}"
             );
             self.paying_defrag_at = Some(std::time::Instant::now());
             return self.defrag(client).await;
         }
         false
+    }
+
+    /// `--space-history`: compacts what is older than the window, never past the revision the
+    /// store held a window ago (so never past what the delta chain holds: the watch that feeds it
+    /// starts above that revision, and a compaction cannot cancel it).
+    async fn compact_history(&mut self, client: &mut Client) {
+        let Some(window) = self.cfg.space.history else {
+            return;
+        };
+        let Some(backed_up) = self.status.borrow().backed_up_revision else {
+            return;
+        };
+        let Some(target) = self.history.target(std::time::Instant::now(), backed_up, window) else {
+            return;
+        };
+        match crate::space::keeper::compact_to(client, target, false).await {
+            Ok(done) => {
+                self.history.compacted(target);
+                if done.is_some() {
+                    tracing::debug!(revision = target, "history older than --space-history compacted");
+                    self.status.send_modify(|s| {
+                        s.space_compactions_total += 1;
+                        s.space_compacted_revision = Some(target);
+                    });
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "compaction for --space-history failed; trying again at the next look")
+            }
+        }
     }
 
     /// NOSPACE: compact to the newest revision the store holds (every write up to it is backed up,
@@ -1052,8 +1089,11 @@ impl Backup {
         self.flush(store, buf).await;
         let backed_up = self.status.borrow().backed_up_revision;
         let compacted_to = match backed_up {
-            Some(r) => match crate::space::keeper::compact_to(client, r).await {
-                Ok(done) => done,
+            Some(r) => match crate::space::keeper::compact_to(client, r, true).await {
+                Ok(done) => {
+                    self.history.compacted(r);
+                    done
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "NOSPACE repair: compaction failed");
                     None
@@ -1349,6 +1389,10 @@ impl Backup {
         leadership.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut space = tokio::time::interval(SPACE_CHECK);
         space.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut history = tokio::time::interval(crate::space::History::every(
+            self.cfg.space.history.unwrap_or(Duration::from_secs(600)),
+        ));
+        history.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if std::mem::take(&mut self.full_asap)
                 && let Some(o) = self.full_during_stream(client, store, &mut buf).await
@@ -1421,6 +1465,9 @@ impl Backup {
                         self.status.send_modify(|s| s.role = Some("follower".into()));
                         return Outcome::Reconnect;
                     }
+                }
+                _ = history.tick(), if self.cfg.space.history.is_some() => {
+                    self.compact_history(client).await;
                 }
                 _ = space.tick() => {
                     if self.keep_space(client, store, &mut buf).await {

@@ -3,13 +3,12 @@
 
 use etcd_client::{AlarmAction, AlarmOptions, AlarmType, Client, CompactionOptions};
 
-/// Compacts to `revision` (physically: the freed pages are free when it answers). `Ok(None)`:
-/// etcd had already compacted there or beyond.
-pub async fn compact_to(client: &mut Client, revision: i64) -> Result<Option<i64>, String> {
-    match client
-        .compact(revision, Some(CompactionOptions::new().with_physical()))
-        .await
-    {
+/// Compacts to `revision`; `physical`: the freed pages are free when it answers (a repair
+/// defragments next), else etcd frees them in the background as its own auto-compaction does.
+/// `Ok(None)`: etcd had already compacted there or beyond.
+pub async fn compact_to(client: &mut Client, revision: i64, physical: bool) -> Result<Option<i64>, String> {
+    let opts = physical.then(|| CompactionOptions::new().with_physical());
+    match client.compact(revision, opts).await {
         Ok(_) => Ok(Some(revision)),
         Err(e) if e.to_string().contains("compacted") => Ok(None),
         Err(e) => Err(format!("compact to revision {revision}: {e}")),

@@ -48,6 +48,12 @@ pub struct Config {
     pub defrag_ratio: f64,
     /// ...and at least this many bytes.
     pub defrag_min_bytes: i64,
+    /// `--space-history`: the writer compacts what is older than this, never past the revision
+    /// the store holds (`None`: the warden compacts only to repair NOSPACE).
+    pub history: Option<Duration>,
+    /// `--space-defrag-not-ready`: a member is not ready while it defragments (by default its
+    /// last verdict is held: the pause is the defragmentation's, not a failure).
+    pub defrag_not_ready: bool,
 }
 
 impl Default for Config {
@@ -56,16 +62,87 @@ impl Default for Config {
             enabled: true,
             defrag_ratio: 0.5,
             defrag_min_bytes: 64 << 20,
+            history: None,
+            defrag_not_ready: false,
         }
     }
 }
 
+/// A forecast of NOSPACE within this many seconds makes any worthwhile amount of free pages
+/// (`defrag_min_bytes`) worth a defragmentation, whatever their share of the file.
+pub const FORECAST_SHORT: f64 = 3600.0;
+
 impl Config {
-    /// Whether defragmenting a member with `sample` frees enough to be worth a blocked member.
-    pub fn defrag_pays(&self, sample: &Sample) -> bool {
+    /// Why defragmenting a member with `sample` frees enough to be worth a blocked member, if it
+    /// does: free pages above both thresholds, or NOSPACE forecast within the hour.
+    pub fn defrag_pays(&self, sample: &Sample) -> Option<&'static str> {
         let free = sample.db_size - sample.db_size_in_use;
-        free >= self.defrag_min_bytes && free as f64 >= self.defrag_ratio * sample.db_size as f64
+        if free < self.defrag_min_bytes {
+            return None;
+        }
+        if free as f64 >= self.defrag_ratio * sample.db_size as f64 {
+            return Some("free pages make a defragmentation pay");
+        }
+        sample
+            .seconds_to_nospace
+            .is_some_and(|s| s < FORECAST_SHORT)
+            .then_some("NOSPACE is forecast within the hour: defragmenting to return the free pages")
     }
+}
+
+/// The history window (`--space-history`): which revision the writer may compact to. It notes the
+/// revision the store held at each look and compacts to the newest one noted at least a window
+/// ago, so a compaction never passes what the delta chain holds and every revision of the last
+/// window stays readable.
+#[derive(Debug, Default)]
+pub struct History {
+    marks: VecDeque<(Instant, i64)>,
+    compacted: i64,
+}
+
+impl History {
+    /// Notes `backed_up` at `now`; the revision to compact to now, if any beyond the last one.
+    pub fn target(&mut self, now: Instant, backed_up: i64, window: Duration) -> Option<i64> {
+        if self.marks.back().is_none_or(|(_, r)| *r < backed_up) {
+            self.marks.push_back((now, backed_up));
+        }
+        let mut target = None;
+        while let Some((t, r)) = self.marks.front().copied()
+            && now.duration_since(t) >= window
+        {
+            target = Some(r);
+            self.marks.pop_front();
+        }
+        target.filter(|r| *r > self.compacted)
+    }
+
+    /// etcd compacted to `revision` (this writer, or someone else already beyond it).
+    pub fn compacted(&mut self, revision: i64) {
+        self.compacted = self.compacted.max(revision);
+    }
+
+    /// How often to look: a tenth of the window, between 10 ms and a minute.
+    pub fn every(window: Duration) -> Duration {
+        (window / 10).clamp(Duration::from_millis(10), Duration::from_secs(60))
+    }
+}
+
+/// etcd is defragmenting the data dir right now: its temporary copy (`member/snap/db.tmp*`, the
+/// same name in every release from 3.4 on) exists and is being written. A member defragmented by
+/// another member's warden, or by an operator's `etcdctl defrag`, shows it too. A copy left by a
+/// crash is removed by etcd's next start; one older than a minute is not taken for a defrag.
+pub fn defrag_in_progress(data_dir: &std::path::Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(data_dir.join("member/snap")) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        e.file_name().to_string_lossy().starts_with("db.tmp")
+            && e.metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|m| m.elapsed().ok())
+                .is_some_and(|age| age < Duration::from_secs(60))
+    })
 }
 
 /// The growth rate of the database file over a sliding window of samples.
@@ -182,9 +259,43 @@ mod tests {
             db_size_in_use: used,
             ..Sample::default()
         };
-        assert!(c.defrag_pays(&s(1000, 400)));
-        assert!(!c.defrag_pays(&s(1000, 600)));
-        assert!(!c.defrag_pays(&s(150, 60)));
+        assert!(c.defrag_pays(&s(1000, 400)).is_some());
+        assert!(c.defrag_pays(&s(1000, 600)).is_none());
+        assert!(c.defrag_pays(&s(150, 60)).is_none());
+        // The same free pages with NOSPACE forecast within the hour: worth it.
+        let soon = Sample {
+            seconds_to_nospace: Some(1800.0),
+            ..s(1000, 600)
+        };
+        assert!(c.defrag_pays(&soon).unwrap().contains("forecast"));
+        let later = Sample {
+            seconds_to_nospace: Some(7200.0),
+            ..s(1000, 600)
+        };
+        assert!(c.defrag_pays(&later).is_none());
+    }
+
+    #[test]
+    fn the_history_window_compacts_to_what_the_store_held_a_window_ago() {
+        let mut h = History::default();
+        let t = Instant::now();
+        let w = Duration::from_secs(10);
+        assert_eq!(h.target(t, 100, w), None);
+        assert_eq!(h.target(t + Duration::from_secs(5), 150, w), None);
+        // 10 s on: what the store held 10 s ago, not what it holds now.
+        assert_eq!(h.target(t + Duration::from_secs(10), 200, w), Some(100));
+        h.compacted(100);
+        assert_eq!(h.target(t + Duration::from_secs(12), 200, w), None);
+        assert_eq!(h.target(t + Duration::from_secs(16), 250, w), Some(150));
+        // Someone compacted further: nothing to do until the marks pass it.
+        h.compacted(220);
+        assert_eq!(h.target(t + Duration::from_secs(21), 260, w), None);
+        assert_eq!(h.target(t + Duration::from_secs(31), 300, w), Some(260));
+        assert_eq!(History::every(Duration::from_secs(300)), Duration::from_secs(30));
+        assert_eq!(
+            History::every(Duration::from_millis(50)),
+            Duration::from_millis(10)
+        );
     }
 
     #[test]
