@@ -18,7 +18,7 @@ pub const EX_USAGE: i32 = 64;
 
 /// The store of a command that reads it (list, verify, restore, cluster restore): a local
 /// directory that does not exist is an error (a typo), never created.
-fn open_store(url: &str, keys: Keys) -> Result<Store, i32> {
+pub(crate) fn open_store(url: &str, keys: Keys) -> Result<Store, i32> {
     if let Ok(StoreUrl::File { path }) = url.parse::<StoreUrl>()
         && !path.is_dir()
     {
@@ -50,7 +50,11 @@ fn open_store_for_writing(url: &str, keys: Keys) -> Result<Store, i32> {
 }
 
 /// The age keys a one-shot command was given; bad ones are usage errors.
-fn keys(to: Option<&String>, to_file: Option<&PathBuf>, identity: Option<&Path>) -> Result<Keys, i32> {
+pub(crate) fn keys(
+    to: Option<&String>,
+    to_file: Option<&PathBuf>,
+    identity: Option<&Path>,
+) -> Result<Keys, i32> {
     crate::config::keys(
         to.map(std::slice::from_ref).unwrap_or_default(),
         to_file.map(std::slice::from_ref).unwrap_or_default(),
@@ -63,7 +67,7 @@ fn keys(to: Option<&String>, to_file: Option<&PathBuf>, identity: Option<&Path>)
 }
 
 /// A client of `endpoints` (comma-separated URLs), with TLS files for https; the endpoints too.
-async fn connect(
+pub(crate) async fn connect(
     endpoints: &str,
     ca: &Option<PathBuf>,
     cert: &Option<PathBuf>,
@@ -596,7 +600,10 @@ async fn kube_keys_cmd(url: &str, config: &Path, keys: Keys) -> i32 {
 }
 
 /// `--to-revision` / `--to-time` as a restore target; exit 64 (said on stderr) for bad input.
-fn target_of(to_revision: Option<i64>, to_time: Option<&str>) -> Result<crate::restore::Target, i32> {
+pub(crate) fn target_of(
+    to_revision: Option<i64>,
+    to_time: Option<&str>,
+) -> Result<crate::restore::Target, i32> {
     use crate::restore::Target;
     match (to_revision, to_time) {
         (Some(r), _) if r < 1 => {

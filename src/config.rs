@@ -72,6 +72,101 @@ pub enum Command {
     /// Start etcd's own downgrade to the previous minor release (validate, enable, wait until every
     /// member's storage version is lowered), then say how to restart the members with it.
     Downgrade(DowngradeArgs),
+    /// What returning to a past point would change: the keys it would delete (created since),
+    /// restore (changed since) and re-create (deleted since), read from the store, against the
+    /// live cluster or the newest backup. Nothing is changed.
+    Diff(DiffArgs),
+    /// Put the keys under a prefix back as they were at a past point, as new revisions, while the
+    /// cluster runs: every other key keeps its changes, and watchers see ordinary events. A key
+    /// changed by someone else meanwhile is reported and left alone (exit 3).
+    Undo(UndoArgs),
+}
+
+/// The past point of `diff` and `undo`, and where it is read from.
+#[derive(Debug, Args)]
+pub struct PointArgs {
+    /// The store the warden backs up to (its --store); etcd-backup-restore's stores work too.
+    #[arg(long, env = "ETCD_WARDEN_STORE", value_name = "URL")]
+    pub store: String,
+    /// The point: this revision.
+    #[arg(
+        long,
+        value_name = "N",
+        conflicts_with = "to_time",
+        required_unless_present = "to_time"
+    )]
+    pub to_revision: Option<i64>,
+    /// The point: the newest delta written at or before this time (RFC 3339).
+    #[arg(long, value_name = "RFC3339")]
+    pub to_time: Option<String>,
+    /// Only the keys that start with this (e.g. /registry/secrets/shop/).
+    #[arg(long, value_name = "PREFIX", default_value = "")]
+    pub prefix: String,
+    /// age identity file, for backups written with --encrypt-to.
+    #[arg(
+        long = "identity-file",
+        alias = "identity",
+        env = "ETCD_WARDEN_IDENTITY_FILE",
+        value_name = "FILE"
+    )]
+    pub identity: Option<PathBuf>,
+    /// Where the full snapshot is read through (a scratch file as large as the database, removed
+    /// after) [default: the system's temporary directory]
+    #[arg(long, value_name = "DIR")]
+    pub scratch_dir: Option<PathBuf>,
+    /// Print JSON for tools.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The live cluster of `diff` and `undo`.
+#[derive(Debug, Args)]
+pub struct LiveArgs {
+    /// etcd client URLs, comma-separated.
+    #[arg(
+        long,
+        env = "ETCD_WARDEN_ENDPOINTS",
+        default_value = "http://127.0.0.1:2379",
+        value_name = "URLS"
+    )]
+    pub endpoints: String,
+    /// CA certificate to verify etcd (https endpoints).
+    #[arg(long = "etcd-ca", alias = "cacert", value_name = "FILE")]
+    pub cacert: Option<PathBuf>,
+    /// Client certificate, when etcd requires one.
+    #[arg(long = "etcd-cert", alias = "cert", value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// Client key.
+    #[arg(long = "etcd-key", alias = "key", value_name = "FILE")]
+    pub key: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    #[command(flatten)]
+    pub point: PointArgs,
+    #[command(flatten)]
+    pub live: LiveArgs,
+    /// Compare with the newest backup instead of the live cluster.
+    #[arg(long)]
+    pub against_latest: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct UndoArgs {
+    #[command(flatten)]
+    pub point: PointArgs,
+    #[command(flatten)]
+    pub live: LiveArgs,
+    /// Print what would be written (the diff of the prefix) and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Write the keys someone changed since the diff read them, too (overwriting those changes).
+    #[arg(long)]
+    pub force: bool,
+    /// Allow an empty --prefix: every key of the cluster goes back.
+    #[arg(long)]
+    pub all: bool,
 }
 
 #[derive(Debug, Args)]

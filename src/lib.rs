@@ -28,4 +28,5 @@ pub mod state;
 pub mod store;
 pub mod supervisor;
 pub mod telemetry;
+pub mod undo;
 pub mod upgrade;

@@ -46,6 +46,8 @@ fn main() {
             one_shot_quiet(cli::cluster_restore(args))
         }
         Command::Downgrade(args) => one_shot_quiet(cli::downgrade(args)),
+        Command::Diff(args) => one_shot_quiet(etcd_warden::undo::command::diff(args)),
+        Command::Undo(args) => one_shot_quiet(etcd_warden::undo::command::undo(args)),
     };
     exit(code);
 }

@@ -1,4 +1,5 @@
 //! What Kubernetes puts in etcd that a backup depends on: the keys of Secrets encrypted at rest
-//! ([`encryption`]).
+//! ([`encryption`]); and the objects behind its keys, as `diff` and `undo` name them ([`object`]).
 
 pub mod encryption;
+pub mod object;

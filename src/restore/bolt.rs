@@ -311,6 +311,25 @@ impl BoltFile {
         Ok(out)
     }
 
+    /// Every key/value of a bucket, in order, handed to `f` one leaf page at a time: memory stays
+    /// at a page (and the path to it), however large the bucket.
+    pub fn visit_bucket(&self, b: &BucketValue, mut f: impl FnMut(&[u8], &[u8])) -> Result<(), BoltError> {
+        if b.root == 0 {
+            for (_, k, v) in self.bucket_items(b)? {
+                f(&k, &v);
+            }
+            return Ok(());
+        }
+        let mut stack = vec![b.root];
+        while let Some(id) = stack.pop() {
+            match self.node(id)? {
+                Node::Leaf(items) => items.iter().for_each(|(_, k, v)| f(k, v)),
+                Node::Branch(items) => stack.extend(items.iter().rev().map(|(_, c)| *c)),
+            }
+        }
+        Ok(())
+    }
+
     /// Starts appending to a bucket: keeps its tree except the right edge, which is rebuilt with
     /// the appended keys. Keys must come strictly after the bucket's last key.
     pub fn appender(&self, b: &BucketValue) -> Result<Appender, BoltError> {

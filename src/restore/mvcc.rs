@@ -83,6 +83,32 @@ pub fn written_by(path: &Path) -> Result<Option<(u32, u32)>, BoltError> {
     Ok(newest)
 }
 
+/// Reads a member's db file without changing it: `f` gets every entry of the `key` bucket in
+/// revision order (main revision, tombstone, the `mvccpb.KeyValue` bytes), a page at a time.
+/// Returns the revision of the last finished compaction (0: none), below which the file holds
+/// no history.
+pub fn read_history(path: &Path, mut f: impl FnMut(i64, bool, &[u8])) -> Result<i64, BoltError> {
+    let db = BoltFile::open(path)?;
+    let root = db.root_items()?;
+    let mut compacted = 0;
+    for (_, k, v) in db.bucket_items(&BucketValue::parse(bucket(&root, META_BUCKET)?)?)? {
+        if k == FINISHED_COMPACT && v.len() >= 8 {
+            compacted = i64::from_be_bytes(v[..8].try_into().expect("8 bytes"));
+        }
+    }
+    let mut bad = None;
+    db.visit_bucket(
+        &BucketValue::parse(bucket(&root, KEY_BUCKET)?)?,
+        |k, v| match main_revision(k) {
+            Ok(rev) => f(rev, k.len() == 18, v),
+            Err(e) => {
+                bad.get_or_insert(e);
+            }
+        },
+    )?;
+    bad.map_or(Ok(compacted), Err)
+}
+
 /// The main revision of a `key` bucket key (17 bytes, or 18 for a tombstone).
 fn main_revision(k: &[u8]) -> Result<i64, BoltError> {
     match k.len() {
