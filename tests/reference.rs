@@ -79,7 +79,7 @@ fn generate() -> String {
         "Version: `{}`\n",
         etcd_warden::config::VERSION.split(' ').next().unwrap()
     );
-    out.push_str("Exit codes: 0 success; 1 failure; 2 `restore` ended below the newest backup (see `--accept-older`); 64 bad usage or configuration (nothing was started, changed or deleted); `run` exits with etcd's own status after a stop (143 = SIGTERM, a clean stop).\n\n");
+    out.push_str("Exit codes: 0 success; 1 failure; 2 `restore` ended below the newest backup (see `--accept-older`); 3 `undo` left keys alone that were changed meanwhile; 64 bad usage or configuration (nothing was started, changed or deleted); `run` exits with etcd's own status after a stop (143 = SIGTERM, a clean stop).\n\n");
     let _ = writeln!(out, "```\n{}\n```\n", etcd_warden::config::SIGNALS_HELP.trim());
     options(&etcd_warden::config::Cli::command(), "etcd-warden", &mut out);
     out.push_str("## HTTP endpoints\n\n`--listen` (default 0.0.0.0:2378) and the admin socket (`--admin-socket`, mode 0600) serve:\n\n| method | path | served on | answer |\n|---|---|---|---|\n");
