@@ -258,6 +258,12 @@ pub async fn snapshot(args: SnapshotArgs) -> i32 {
 pub async fn backups(cmd: BackupsCommand) -> i32 {
     match cmd {
         BackupsCommand::List { store, json } => list(&store, json).await,
+        BackupsCommand::Copy {
+            from,
+            to,
+            dry_run,
+            json,
+        } => copy(&from, &to, dry_run, json).await,
         BackupsCommand::Verify {
             store,
             json,
@@ -279,6 +285,48 @@ pub async fn backups(cmd: BackupsCommand) -> i32 {
 
 /// Under `backups list`: the cluster that owns the prefix, its members as its writer last recorded
 /// them (what `cluster restore` restores by default), and a pending cluster restore plan.
+/// `backups copy`: the copy store brought up to date with the objects it misses.
+async fn copy(from: &str, to: &str, dry_run: bool, as_json: bool) -> i32 {
+    let source = match open_store(from, Keys::default()) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    // The copy may not exist yet (a new directory): created like a store `snapshot` writes to.
+    let target = match open_store_for_writing(to, Keys::default()) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let started = std::time::Instant::now();
+    match crate::store::copy::copy_missing(&source, &target, dry_run).await {
+        Ok(report) => {
+            let seconds = started.elapsed().as_secs_f64();
+            if as_json {
+                let v =
+                    json!({"from": from, "to": to, "dry_run": dry_run, "seconds": seconds, "report": report});
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else {
+                for key in &report.copied {
+                    println!("{} {key}", if dry_run { "would copy" } else { "copied" });
+                }
+                println!(
+                    "{} {} objects ({} bytes) to {to} in {seconds:.1} s; {} were there already",
+                    if dry_run { "would copy" } else { "copied" },
+                    report.copied.len(),
+                    report.bytes,
+                    report.present
+                );
+            }
+            0
+        }
+        Err(e) => {
+            eprintln!(
+                "etcd-warden: backups copy: {e} (the objects copied before it stay; run it again to finish)"
+            );
+            1
+        }
+    }
+}
+
 async fn print_cluster(store: &Store) {
     match store.get_owner().await {
         Ok(Some(o)) => {

@@ -390,6 +390,23 @@ pub struct SnapshotArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum BackupsCommand {
+    /// Bring a copy store up to date: copy the backup objects (fulls, deltas, rollback points,
+    /// etcd-backup-restore's) that it misses, byte for byte, fulls first. Coordination records
+    /// (head, owner, restore plans) stay with the primary.
+    Copy {
+        /// The store the warden writes to.
+        #[arg(long, value_name = "URL")]
+        from: String,
+        /// The copy (another provider, region or account).
+        #[arg(long, value_name = "URL")]
+        to: String,
+        /// Say what would be copied, copy nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
     /// List full snapshots and their delta chains, ordered by revision.
     List {
         #[arg(long, env = "ETCD_WARDEN_STORE", value_name = "URL")]

@@ -2,6 +2,7 @@
 //! object format (`format`), retention (`retention`), and opening the object_store client with
 //! retries short enough that an outage shows in /status within one delta period.
 
+pub mod copy;
 pub mod credentials;
 pub mod format;
 pub mod head;
