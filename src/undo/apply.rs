@@ -13,6 +13,27 @@ use super::{Action, Change};
 
 /// Keys per transaction (etcd's default `--max-txn-ops` is 128; each key takes a compare and an op).
 const BATCH: usize = 64;
+/// Value bytes per transaction, below etcd's default `--max-request-bytes` (1.5 MiB); a key whose
+/// value alone is larger goes in a transaction of its own.
+const BATCH_BYTES: usize = 1 << 20;
+
+/// `changes` cut into transactions of at most [`BATCH`] keys and [`BATCH_BYTES`] of values.
+fn batches(changes: &[Change]) -> Vec<&[Change]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, c) in changes.iter().enumerate() {
+        let size = c.key.len() + c.past.as_ref().map_or(0, |p| p.size);
+        if i > start && (i - start == BATCH || bytes + size > BATCH_BYTES) {
+            out.push(&changes[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    if start < changes.len() {
+        out.push(&changes[start..]);
+    }
+    out
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Conflict {
@@ -49,7 +70,7 @@ fn guard(c: &Change) -> Compare {
 pub async fn undo(client: &mut Client, changes: &[Change], force: bool) -> Result<Outcome, String> {
     let mut out = Outcome::default();
     let mut lease_alive: HashMap<i64, bool> = HashMap::new();
-    for batch in changes.chunks(BATCH) {
+    for batch in batches(changes) {
         let mut ops = Vec::with_capacity(batch.len());
         for c in batch {
             ops.push(op(client, c, &mut lease_alive, &mut out).await?);
@@ -160,4 +181,32 @@ async fn op(
         }
     }
     Ok(TxnOp::put(c.key.clone(), value, opts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::undo::Entry;
+
+    fn change(size: usize) -> Change {
+        Change {
+            action: Action::Recreate,
+            key: b"k".to_vec(),
+            past: Some(Entry::new(b"k", &vec![0; size], 1, 1, 0, false)),
+            now: None,
+        }
+    }
+
+    #[test]
+    fn transactions_stay_under_etcds_op_and_request_size_limits() {
+        let small: Vec<_> = (0..130).map(|_| change(10)).collect();
+        let sizes: Vec<_> = batches(&small).iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, vec![64, 64, 2]);
+        // 600 KiB values: one per transaction pair would pass 1 MiB, so one each; a 2 MiB value
+        // goes alone.
+        let big = vec![change(600 << 10), change(600 << 10), change(2 << 20), change(10)];
+        let sizes: Vec<_> = batches(&big).iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, vec![1, 1, 1, 1]);
+        assert!(batches(&[]).is_empty());
+    }
 }
