@@ -43,13 +43,28 @@ pub async fn list(store: &Store) -> Result<Vec<(SnapshotName, Header, u64)>, Str
         .try_collect()
         .await
         .map_err(|e| format!("list {DIR} in {}: {e}", store.url))?;
+    with_headers(store, metas).await
+}
+
+/// The listed rollback points with their headers, oldest first; one that is gone by the time its
+/// header is read is left out.
+async fn with_headers(
+    store: &Store,
+    metas: Vec<object_store::ObjectMeta>,
+) -> Result<Vec<(SnapshotName, Header, u64)>, String> {
     let mut out = Vec::new();
     for m in metas {
         let key = m.location.to_string();
         if let Some(name) = parse(&key) {
-            let header = crate::store::format::read_header(store.inner.as_ref(), &key)
-                .await
-                .map_err(|e| format!("read {key}: {}", crate::telemetry::error_chain(&e)))?;
+            let header = match crate::store::format::read_header(store.inner.as_ref(), &key).await {
+                Ok(header) => header,
+                // Expired by retention (this or another warden) between the listing and the read.
+                Err(crate::store::format::FormatError::Read {
+                    source: object_store::Error::NotFound { .. },
+                    ..
+                }) => continue,
+                Err(e) => return Err(format!("read {key}: {}", crate::telemetry::error_chain(&e))),
+            };
             out.push((name, header, m.size));
         }
     }
@@ -188,4 +203,38 @@ pub async fn take(
         .await
         .map_err(|e| crate::telemetry::error_chain(&e))?;
     Ok(Some((key, revision)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `backups list` raced retention in CI: the point was listed, then expired before its header
+    /// was read, and the whole listing failed.
+    #[tokio::test]
+    async fn a_point_expired_between_listing_and_reading_is_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let url: crate::store::StoreUrl = format!("file://{}", dir.path().display()).parse().unwrap();
+        let store = Store::open(&url).unwrap();
+        let key = format!("{DIR}/full-00000000000000000031-20261204T004342846Z-zstd-plain.ews");
+        let meta = |key: &str| object_store::ObjectMeta {
+            location: object_store::path::Path::from(key),
+            last_modified: chrono::Utc::now(),
+            size: 12,
+            e_tag: None,
+            version: None,
+        };
+        assert!(with_headers(&store, vec![meta(&key)]).await.unwrap().is_empty());
+        // Anything else that cannot be read still fails the listing.
+        store
+            .inner
+            .put(
+                &object_store::path::Path::from(key.as_str()),
+                b"not a warden object".to_vec().into(),
+            )
+            .await
+            .unwrap();
+        let err = with_headers(&store, vec![meta(&key)]).await.unwrap_err();
+        assert!(err.contains("no magic"), "{err}");
+    }
 }
