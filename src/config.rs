@@ -530,6 +530,18 @@ pub struct RunOptions {
     /// week, weekly for four weeks) or last:N [default: exponential]
     #[arg(long, env = "ETCD_WARDEN_RETENTION", value_name = "POLICY")]
     pub retention: Option<String>,
+    /// Also write every backup object to this store (another provider, region or account),
+    /// asynchronously: a slow or dead copy never delays the store or readiness. Repeatable or
+    /// comma-separated [default: none]
+    #[arg(long, env = "ETCD_WARDEN_COPY_TO", value_name = "URL", value_delimiter = ',')]
+    pub copy_to: Option<Vec<String>>,
+    /// KEY=VALUE file with the copy stores' credentials (as --store-credentials), over the
+    /// environment [default: the environment, as for --store]
+    #[arg(long, env = "ETCD_WARDEN_COPY_CREDENTIALS", value_name = "FILE")]
+    pub copy_credentials: Option<PathBuf>,
+    /// Which snapshots the copy stores keep (exponential or last:N) [default: as --retention]
+    #[arg(long, env = "ETCD_WARDEN_COPY_RETENTION", value_name = "POLICY")]
+    pub copy_retention: Option<String>,
     /// Compression of snapshot payloads [default: zstd]
     #[arg(long, env = "ETCD_WARDEN_COMPRESSION", value_enum)]
     pub compression: Option<Compression>,
@@ -734,6 +746,9 @@ impl RunOptions {
             delta_snapshot_period: self.delta_snapshot_period.or(file.delta_snapshot_period),
             delta_snapshot_max_bytes: self.delta_snapshot_max_bytes.or(file.delta_snapshot_max_bytes),
             retention: self.retention.or(file.retention),
+            copy_to: self.copy_to.or(file.copy_to),
+            copy_credentials: self.copy_credentials.or(file.copy_credentials),
+            copy_retention: self.copy_retention.or(file.copy_retention),
             verify_schedule: self.verify_schedule.or(file.verify_schedule),
             kube_encryption_config: self.kube_encryption_config.or(file.kube_encryption_config),
             restore_bump_revision: self.restore_bump_revision.or(file.restore_bump_revision),
@@ -769,6 +784,63 @@ impl RunOptions {
             owner_check_timeout: self.owner_check_timeout.or(file.owner_check_timeout),
         }
     }
+}
+
+/// `--copy-to`, `--copy-credentials`, `--copy-retention`: each copy store parsed and its client
+/// built (nothing contacted), so a mistake stops the start before etcd runs.
+fn copy_config(
+    copy_to: &[String],
+    credentials: Option<&Path>,
+    copy_retention: Option<&str>,
+    store: &StoreUrl,
+    retention: crate::store::retention::Policy,
+) -> Result<crate::copies::Config, ConfigError> {
+    let invalid = |option, reason| ConfigError::Invalid { option, reason };
+    let extra = match credentials {
+        Some(path) => {
+            crate::store::read_credentials(path).map_err(|e| invalid("copy-credentials", e.to_string()))?
+        }
+        None => Vec::new(),
+    };
+    let mut stores: Vec<StoreUrl> = Vec::new();
+    for raw in copy_to.iter().filter(|u| !u.trim().is_empty()) {
+        let url: StoreUrl = raw
+            .trim()
+            .parse()
+            .map_err(|e: crate::store::StoreUrlError| invalid("copy-to", e.to_string()))?;
+        if url == *store || stores.contains(&url) {
+            return Err(invalid(
+                "copy-to",
+                format!("{raw:?} is the --store or another --copy-to already (give each copy its own store)"),
+            ));
+        }
+        if !matches!(url, StoreUrl::File { .. }) {
+            crate::store::Store::open_with(&url, &extra).map_err(|e| {
+                invalid(
+                    "copy-to",
+                    format!("{raw:?}: {}", crate::telemetry::error_chain(&e)),
+                )
+            })?;
+        }
+        stores.push(url);
+    }
+    let retention = match copy_retention {
+        Some(r) => r.parse().map_err(|reason| invalid("copy-retention", reason))?,
+        None => retention,
+    };
+    if copy_retention.is_some() && stores.is_empty() {
+        return Err(invalid(
+            "copy-retention",
+            "there is no --copy-to store to apply it to (add --copy-to URL or drop --copy-retention)"
+                .to_owned(),
+        ));
+    }
+    Ok(crate::copies::Config {
+        stores,
+        credentials: credentials.map(Path::to_path_buf),
+        retention,
+        rollback_retention: None, // set with the store's, below
+    })
 }
 
 /// Reads the TOML file named by `--config`.
@@ -980,6 +1052,13 @@ impl RunConfig {
             option: "retention",
             reason,
         })?;
+        let copies = copy_config(
+            o.copy_to.as_deref().unwrap_or_default(),
+            o.copy_credentials.as_deref(),
+            o.copy_retention.as_deref(),
+            &store,
+            retention,
+        )?;
         if client.endpoints.is_empty() {
             return Err(ConfigError::Invalid {
                 option: "listen-client-urls",
@@ -1119,6 +1198,10 @@ impl RunConfig {
             }
         };
         let backup = BackupConfig {
+            copies: crate::copies::Config {
+                rollback_retention,
+                ..copies
+            },
             credentials: o.store_credentials.clone(),
             store: store.clone(),
             client: client.clone(),

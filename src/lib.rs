@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod cluster;
 pub mod config;
+pub mod copies;
 pub mod ctl;
 pub mod envvars;
 pub mod etcd;

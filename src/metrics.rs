@@ -158,6 +158,48 @@ pub const METRICS: &[Metric] = &[
         help: "Delta bytes buffered in memory, not yet uploaded.",
     },
     Metric {
+        name: "etcd_warden_copy_lag_revisions",
+        kind: MetricKind::Gauge,
+        present: "per --copy-to store",
+        help: "Revisions the writer published that the copy store does not hold yet (0 on followers and when caught up).",
+    },
+    Metric {
+        name: "etcd_warden_copy_lag_seconds",
+        kind: MetricKind::Gauge,
+        present: "per --copy-to store",
+        help: "How long the oldest object the copy store misses has waited since the writer published it (0 when caught up).",
+    },
+    Metric {
+        name: "etcd_warden_copy_healthy",
+        kind: MetricKind::Gauge,
+        present: "per --copy-to store, after its first attempt",
+        help: "1 when the last copy to this store succeeded.",
+    },
+    Metric {
+        name: "etcd_warden_copy_objects",
+        kind: MetricKind::Counter,
+        present: "per --copy-to store",
+        help: "Objects written to the copy store.",
+    },
+    Metric {
+        name: "etcd_warden_copy_bytes",
+        kind: MetricKind::Counter,
+        present: "per --copy-to store",
+        help: "Bytes written to the copy store.",
+    },
+    Metric {
+        name: "etcd_warden_copy_failures",
+        kind: MetricKind::Counter,
+        present: "per --copy-to store",
+        help: "Failed attempts at copying to the copy store (each is retried with backoff).",
+    },
+    Metric {
+        name: "etcd_warden_retention_locked_objects",
+        kind: MetricKind::Gauge,
+        present: "per store, while retention leaves objects under S3 Object Lock",
+        help: "Objects the last retention pass would have deleted that an S3 Object Lock keeps (store=\"primary\" or a copy's URL).",
+    },
+    Metric {
         name: "etcd_warden_defrags",
         kind: MetricKind::Counter,
         present: "always",
@@ -452,6 +494,53 @@ impl prometheus_client::collector::Collector for Collector {
 
 fn kind_label(kind: &str) -> Labels {
     vec![("kind".to_owned(), kind.to_owned())]
+}
+
+/// `--copy-to` stores, labelled by URL; and what Object Lock keeps from retention, by store.
+fn copy_families(shared: &Shared) -> Vec<Family> {
+    let now = std::time::SystemTime::now();
+    let copies = shared.copies.statuses();
+    let label = |c: &crate::copies::CopyStatus| vec![("copy".to_owned(), c.store.clone())];
+    let each = |f: &dyn Fn(&crate::copies::CopyStatus) -> Option<f64>| -> Vec<(Labels, f64)> {
+        copies.iter().filter_map(|c| Some((label(c), f(c)?))).collect()
+    };
+    let mut locked: Vec<(Labels, f64)> = Vec::new();
+    if let Some(l) = &shared.backup.borrow().retention_locked {
+        locked.push((vec![("store".to_owned(), "primary".to_owned())], l.objects as f64));
+    }
+    for c in &copies {
+        if let Some(l) = &c.retention_locked {
+            locked.push((vec![("store".to_owned(), c.store.clone())], l.objects as f64));
+        }
+    }
+    let family = Family::of;
+    vec![
+        family(
+            "etcd_warden_copy_lag_revisions",
+            each(&|c| Some(c.lag_revisions() as f64)),
+        ),
+        family(
+            "etcd_warden_copy_lag_seconds",
+            each(&|c| Some(c.lag_seconds(now))),
+        ),
+        family(
+            "etcd_warden_copy_healthy",
+            each(&|c| c.healthy.map(|h| if h { 1.0 } else { 0.0 })),
+        ),
+        family(
+            "etcd_warden_copy_objects",
+            each(&|c| Some(c.objects_copied_total as f64)),
+        ),
+        family(
+            "etcd_warden_copy_bytes",
+            each(&|c| Some(c.bytes_copied_total as f64)),
+        ),
+        family(
+            "etcd_warden_copy_failures",
+            each(&|c| Some(c.failures_total as f64)),
+        ),
+        family("etcd_warden_retention_locked_objects", locked),
+    ]
 }
 
 /// Backup health (rule 1: shown here, never in readiness).
@@ -757,6 +846,7 @@ pub fn render(shared: &Shared) -> String {
         .collect();
     families.extend(backup_families(shared, s.revision));
     families.extend(ownership_families(shared));
+    families.extend(copy_families(shared));
     let mut registry = Registry::default();
     registry.register_collector(Box::new(Collector { families }));
     let mut out = String::new();

@@ -112,7 +112,16 @@ pub async fn run(
         return ExitStatus::Code(1);
     }
     let upgrade = gate.note;
+    let copies = crate::copies::Copies::start(
+        &config.backup.copies,
+        {
+            let backup = config.backup.clone();
+            move || backup.open_store()
+        },
+        cancel.child_token(),
+    );
     let shared = Shared {
+        copies: copies.clone(),
         child: child_rx.clone(),
         health: health_rx.clone(),
         backup: backup_rx,
@@ -157,6 +166,7 @@ pub async fn run(
         health_rx.clone(),
         defrag_tx,
     );
+    let backup = backup.with_copies(copies.clone());
     let actions = Arc::new(crate::http::Actions {
         backup: backup_handle.clone(),
         token_file: config.admin_token_file.clone(),
@@ -227,8 +237,10 @@ pub async fn run(
     .checking_addresses(config.etcd.clone());
     let supervisor = tokio::spawn(supervisor.run(request_rx));
 
+    let flush_budget = (config.policy.stop_timeout / 2).min(Duration::from_secs(15));
     let mut terms = Terms {
-        flush_budget: (config.policy.stop_timeout / 2).min(Duration::from_secs(15)),
+        flush_budget,
+        copies: copies.clone(),
         config,
         reaper,
         shared,
@@ -250,6 +262,7 @@ pub async fn run(
     };
     let status = terms.run().await;
     tracing::info!(%status, "etcd stopped; warden exiting");
+    copies.drain(flush_budget).await;
     backup_task.abort();
     cancel.cancel();
     tracker.close();
@@ -282,6 +295,8 @@ struct Terms {
     hurry: bool,
     /// The flush before a graceful stop may take at most this long.
     flush_budget: Duration,
+    /// `--copy-to`: the final snapshot is handed to them too.
+    copies: crate::copies::Copies,
 }
 
 /// How often a leaderless cluster member looks for a restore plan, and after how long.
@@ -777,6 +792,13 @@ impl Terms {
                 }
             }
         };
+        if taken && let Some(info) = self.fence.borrow().last_final.clone() {
+            self.copies.publish(&crate::copies::Published {
+                key: info.key,
+                revision: info.revision,
+                at: SystemTime::now(),
+            });
+        }
         if stop_at.is_some() {
             return Some(self.finish().await);
         }

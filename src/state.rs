@@ -20,6 +20,8 @@ pub struct Shared {
     pub child: watch::Receiver<ChildState>,
     pub health: watch::Receiver<Health>,
     pub backup: watch::Receiver<BackupStatus>,
+    /// `--copy-to`: each copy store's progress.
+    pub copies: crate::copies::Copies,
     pub drill: watch::Receiver<crate::restore::drill::DrillStatus>,
     /// Set the moment a graceful stop begins: readiness goes 503 before anything else happens.
     pub shutting_down: watch::Receiver<bool>,
@@ -146,6 +148,21 @@ impl Shared {
         v
     }
 
+    /// `.copies`: one entry per `--copy-to` store, with its lag.
+    fn copies_json(&self) -> serde_json::Value {
+        let now = SystemTime::now();
+        self.copies
+            .statuses()
+            .into_iter()
+            .map(|c| {
+                let mut v = serde_json::to_value(&c).unwrap_or_default();
+                v["lag_revisions"] = json!(c.lag_revisions());
+                v["lag_seconds"] = json!(c.lag_seconds(now));
+                v
+            })
+            .collect()
+    }
+
     fn ownership_json(&self) -> serde_json::Value {
         let mut v = serde_json::to_value(&*self.ownership.borrow()).unwrap_or_default();
         let fence = self.fence.borrow().clone();
@@ -193,6 +210,7 @@ impl Shared {
             },
             "ownership": self.ownership_json(),
             "backup": self.backup_json(),
+            "copies": self.copies_json(),
             "space": self.space_json(&health),
             "member": {
                 "holding_back": self.member.borrow().clone(),

@@ -158,21 +158,55 @@ fn a_missing_previous_etcd_or_a_bad_rollback_retention_or_space_history_is_refus
         (["--space-history", "an hour"], "--space-history"),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        let out = std::process::Command::new(WARDEN)
-            .current_dir(dir.path())
-            .args(["run", "--listen", &format!("{}:2378", unique_ip())])
-            .args(opts)
-            .arg("--")
-            .arg(default_etcd())
-            .args(["--data-dir", data.to_str().unwrap()])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(64), "{opts:?}: {err}");
+        let err = refused_run(dir.path(), &opts);
         assert!(err.contains(named), "the message names {named}: {err}");
         assert_nothing_in(dir.path());
     }
+}
+
+/// `--copy-to` and `--copy-retention` with a wrong value: exit 64 naming the option and the fix,
+/// nothing created (no copy directory, no data dir).
+#[test]
+fn a_copy_store_that_is_the_store_or_no_store_or_a_bad_copy_retention_is_refused_with_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}/store", dir.path().display());
+    let copy = format!("file://{}/copy", dir.path().display());
+    for (opts, named) in [
+        (vec!["--copy-to", store.as_str()], "is the --store"),
+        (
+            vec!["--copy-to", copy.as_str(), "--copy-to", copy.as_str()],
+            "another --copy-to",
+        ),
+        (vec!["--copy-to", "s4://bucket/etcd"], "--copy-to"),
+        (
+            vec!["--copy-to", copy.as_str(), "--copy-retention", "last:0"],
+            "--copy-retention",
+        ),
+        (vec!["--copy-retention", "last:3"], "no --copy-to store"),
+    ] {
+        let err = refused_run(
+            dir.path(),
+            &[&["--store", store.as_str()], opts.as_slice()].concat(),
+        );
+        assert!(err.contains(named), "{opts:?}: the message says {named:?}: {err}");
+        assert_nothing_in(dir.path());
+    }
+}
+
+/// `run OPTS -- etcd --data-dir DIR/data` in `dir`: exits 64; its stderr.
+fn refused_run(dir: &Path, opts: &[&str]) -> String {
+    let out = std::process::Command::new(WARDEN)
+        .current_dir(dir)
+        .args(["run", "--listen", &format!("{}:2378", unique_ip())])
+        .args(opts)
+        .arg("--")
+        .arg(default_etcd())
+        .args(["--data-dir", dir.join("data").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(64), "{opts:?}: {err}");
+    err
 }
 
 /// A refused command created nothing in `dir`.

@@ -246,6 +246,7 @@ fn s3_store_never_shows_a_partial_snapshot() {
         inner: std::sync::Arc::new(store),
         keys: Default::default(),
         gbr_lease_ttl: 3600,
+        locks: None,
     };
     exercise(&store, &rt);
 }

@@ -28,6 +28,8 @@ use crate::supervisor::{ChildState, Phase};
 #[derive(Debug, Clone)]
 pub struct BackupConfig {
     pub store: StoreUrl,
+    /// `--copy-to` stores: every object this writer publishes is also copied there.
+    pub copies: crate::copies::Config,
     /// `--store-credentials`: re-read when its modification time changes.
     pub credentials: Option<std::path::PathBuf>,
     pub client: ClientConfig,
@@ -171,6 +173,8 @@ pub struct BackupStatus {
     /// Compactions this writer ran for `--space-history`, and the revision of the last one.
     pub space_compactions_total: u64,
     pub space_compacted_revision: Option<i64>,
+    /// The last retention pass left these objects in place: S3 Object Lock protects them.
+    pub retention_locked: Option<RetentionLocked>,
     /// What the loop is doing right now (a full snapshot's progress).
     pub in_progress: Option<String>,
     /// Failures by kind ("full", "delta", "retention", "store") and bounded reason.
@@ -184,6 +188,24 @@ impl BackupStatus {
     /// The problem the last encryption-key check found, if any.
     pub fn kube_keys_problem(&self) -> Option<String> {
         self.kube_keys.as_ref().and_then(|k| k.problem())
+    }
+}
+
+/// Objects retention would have deleted that an S3 Object Lock keeps (the last pass).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct RetentionLocked {
+    pub objects: usize,
+    /// When the first of them becomes deletable (`None`: only legal holds keep them).
+    #[serde(with = "crate::telemetry::opt_unix_seconds")]
+    pub next_deletable_at: Option<SystemTime>,
+}
+
+impl RetentionLocked {
+    pub fn of(applied: &retention::Applied) -> Option<Self> {
+        (!applied.locked.is_empty()).then(|| Self {
+            objects: applied.locked.len(),
+            next_deletable_at: applied.next_deletable(),
+        })
     }
 }
 
@@ -246,6 +268,8 @@ pub struct Backup {
     retry_cap: Duration,
     /// The running `--kube-encryption-config` check (one at a time; a newer full replaces it).
     key_check: Option<tokio::task::JoinHandle<()>>,
+    /// `--copy-to`: every object published here is handed to the copies too.
+    copies: crate::copies::Copies,
 }
 
 fn mtime(path: &std::path::Path) -> Option<SystemTime> {
@@ -296,9 +320,25 @@ impl Backup {
                 outside_at_full: None,
                 retry_cap: RETRY_MAX,
                 key_check: None,
+                copies: crate::copies::Copies::default(),
             },
             BackupHandle { full, delta, control },
         )
+    }
+
+    /// The `--copy-to` copies this writer hands each published object to.
+    pub fn with_copies(mut self, copies: crate::copies::Copies) -> Self {
+        self.copies = copies;
+        self
+    }
+
+    /// An object is in the store and published: the copies get it too.
+    fn published(&self, uploaded: &Uploaded, revision: i64) {
+        self.copies.publish(&crate::copies::Published {
+            key: uploaded.key.clone(),
+            revision,
+            at: SystemTime::now(),
+        });
     }
 
     fn failed(&mut self, kind: &str, reason: &str, err: &dyn std::error::Error) {
@@ -1215,6 +1255,7 @@ impl Backup {
                     revision: rev,
                     at_ms: r.name.created_ms,
                 };
+                self.published(&full, rev);
                 self.put_head(store, chain, rev, Some(full), None).await;
                 if self.superseded_in.is_none() {
                     self.apply_retention(store).await;
@@ -1264,9 +1305,7 @@ impl Backup {
     }
 
     async fn apply_retention(&mut self, store: &Store) {
-        let result: Result<usize, crate::store::StoreError> = async {
-            // Only what this program wrote: GBR's objects beside it stay as they are.
-            let (fulls, chains) = store.own_catalog().await?;
+        let result: Result<retention::Applied, crate::store::StoreError> = async {
             // A cluster restore plan not yet applied by every member keeps its chain.
             let pinned: Vec<ChainId> = match store.current_plan().await? {
                 Some(plan) if !store.retire_plan_if_applied(&plan).await? => {
@@ -1274,37 +1313,17 @@ impl Backup {
                 }
                 _ => Vec::new(),
             };
-            let doomed = retention::plan(
-                &fulls,
-                &chains,
-                crate::store::layout::now_ms(),
-                self.cfg.retention,
-                &pinned,
-            );
-            for key in &doomed {
-                store.delete(key).await?;
-            }
-            // Rollback points go once `--rollback-retention` has passed since each was taken.
-            let mut expired = Vec::new();
-            if let Some(keep) = self.cfg.rollback_retention {
-                match crate::upgrade::rollback::list(store).await {
-                    Ok(points) => {
-                        expired =
-                            crate::upgrade::rollback::expired(&points, crate::store::layout::now_ms(), keep)
-                    }
-                    Err(e) => tracing::warn!(error = %e, "retention: cannot list the rollback points"),
-                }
-                for key in &expired {
-                    tracing::info!(key, keep = %humantime::format_duration(keep), "rollback point expired");
-                    store.delete(key).await?;
-                }
-            }
-            Ok(doomed.len() + expired.len())
+            retention::apply(store, self.cfg.retention, self.cfg.rollback_retention, &pinned).await
         }
         .await;
         match result {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(deleted = n, "retention removed old snapshots"),
+            Ok(applied) => {
+                if applied.deleted > 0 {
+                    tracing::info!(deleted = applied.deleted, "retention removed old snapshots");
+                }
+                self.status
+                    .send_modify(|s| s.retention_locked = RetentionLocked::of(&applied));
+            }
             Err(err) => self.failed("retention", "store", &err),
         }
     }
@@ -1340,6 +1359,7 @@ impl Backup {
                     revision: pending.last,
                     at_ms: r.name.created_ms,
                 };
+                self.published(&delta, pending.last);
                 self.put_head(store, pending.chain, pending.last, None, Some(delta))
                     .await;
                 true

@@ -75,7 +75,12 @@ pub async fn copy_missing(from: &Store, to: &Store, dry_run: bool) -> Result<Cop
     };
     for (key, size) in missing {
         if !dry_run {
-            copy_object(from, to, key, size).await?;
+            match copy_object(from, to, key).await {
+                Ok(_) => {}
+                // Retention removed it from the source since the listing: nothing to copy.
+                Err(CopyError::Gone) => continue,
+                Err(CopyError::Failed(e)) => return Err(e),
+            }
         }
         report.copied.push(key.clone());
         report.bytes += size;
@@ -83,15 +88,37 @@ pub async fn copy_missing(from: &Store, to: &Store, dry_run: bool) -> Result<Cop
     Ok(report)
 }
 
+/// Why one object was not copied.
+#[derive(Debug)]
+pub enum CopyError {
+    /// The source no longer holds it (its retention deleted it).
+    Gone,
+    Failed(String),
+}
+
 /// Streams one object from `from` to `to` (multipart for large ones); it appears in `to` only
-/// once complete, and must have the source's size.
-async fn copy_object(from: &Store, to: &Store, key: &str, size: u64) -> Result<(), String> {
+/// once complete, and must have the source's size. The bytes copied.
+pub async fn copy_object(from: &Store, to: &Store, key: &str) -> Result<u64, CopyError> {
     let path = Path::from(key);
-    let got = from
-        .inner
-        .get(&path)
+    let got = match from.inner.get(&path).await {
+        Ok(got) => got,
+        Err(object_store::Error::NotFound { .. }) => return Err(CopyError::Gone),
+        Err(e) => return Err(CopyError::Failed(format!("read {key} from {}: {e}", from.url))),
+    };
+    let size = got.meta.size;
+    stream_to(got, &from.url.to_string(), to, key, size)
         .await
-        .map_err(|e| format!("read {key} from {}: {e}", from.url))?;
+        .map_err(CopyError::Failed)
+}
+
+async fn stream_to(
+    got: object_store::GetResult,
+    from_url: &str,
+    to: &Store,
+    key: &str,
+    size: u64,
+) -> Result<u64, String> {
+    let path = Path::from(key);
     let mut stream = got.into_stream();
     let mut out = object_store::buffered::BufWriter::with_capacity(to.inner.clone(), path.clone(), 8 << 20);
     let mut written = 0u64;
@@ -100,7 +127,7 @@ async fn copy_object(from: &Store, to: &Store, key: &str, size: u64) -> Result<(
             Ok(c) => c,
             Err(e) => {
                 let _ = out.abort().await;
-                return Err(format!("read {key} from {}: {e}", from.url));
+                return Err(format!("read {key} from {from_url}: {e}"));
             }
         };
         written += chunk.len() as u64;
@@ -112,13 +139,13 @@ async fn copy_object(from: &Store, to: &Store, key: &str, size: u64) -> Result<(
     if written != size {
         let _ = out.abort().await;
         return Err(format!(
-            "{key}: read {written} bytes of the {size} {} lists",
-            from.url
+            "{key}: read {written} bytes of the {size} {from_url} holds"
         ));
     }
     out.shutdown()
         .await
-        .map_err(|e| format!("write {key} to {}: {e}", to.url))
+        .map_err(|e| format!("write {key} to {}: {e}", to.url))?;
+    Ok(written)
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ pub mod credentials;
 pub mod format;
 pub mod head;
 pub mod layout;
+pub mod lock;
 pub mod owner;
 pub mod plan;
 pub mod retention;
@@ -77,6 +78,14 @@ pub enum StoreError {
         #[source]
         source: object_store::Error,
     },
+    #[error(
+        "read the Object Lock of {key} in {url}: {reason} (the warden deletes no object whose lock it cannot read; give its role s3:GetObjectRetention and s3:GetObjectLegalHold)"
+    )]
+    Lock {
+        key: String,
+        url: String,
+        reason: String,
+    },
 }
 
 /// An open backup store.
@@ -89,6 +98,8 @@ pub struct Store {
     /// The TTL (seconds) a restore gives a lease that a GBR delta names but does not describe
     /// (`--gbr-lease-ttl`; `crate::gbr::read`).
     pub gbr_lease_ttl: i64,
+    /// S3 stores: reads an object's Object Lock before retention deletes it.
+    pub locks: lock::Locks,
 }
 
 /// `--gbr-lease-ttl`'s default: Kubernetes' `--event-ttl`, what nearly every leased key in a
@@ -187,6 +198,7 @@ impl Store {
             url: url.to_string(),
             hint,
         };
+        let mut locks = None;
         let (inner, prefix): (Arc<dyn ObjectStore>, &str) = match url {
             StoreUrl::File { path } => {
                 std::fs::create_dir_all(path).map_err(|source| StoreError::CreateDir {
@@ -206,11 +218,14 @@ impl Store {
                     s3 = s3.with_unsigned_payload(true);
                 }
                 let b = configure!(s3, object_store::aws::AmazonS3ConfigKey, "AWS", extra);
-                let b = credentials::s3_metadata_endpoint(b);
+                let b = credentials::s3_metadata_endpoint(b).with_http_connector(lock::Md5WhenLocked);
                 if !credentials::s3_named(&b) {
                     return Err(no_credentials(credentials::S3_HINT));
                 }
-                let s3 = b.build().map_err(cfg("s3"))?;
+                let s3 = b.clone().build().map_err(cfg("s3"))?;
+                locks = Some(Arc::new(
+                    lock::S3Locks::new(&b, &s3, bucket, prefix).map_err(cfg("s3"))?,
+                ));
                 (Arc::new(s3), prefix)
             }
             StoreUrl::Gcs { bucket, prefix } => {
@@ -250,6 +265,7 @@ impl Store {
             inner,
             keys: Default::default(),
             gbr_lease_ttl: GBR_LEASE_TTL.as_secs() as i64,
+            locks,
         })
     }
 
@@ -475,6 +491,19 @@ impl Store {
                 url: self.url.to_string(),
                 source,
             }),
+        }
+    }
+
+    /// What protects `key` from deletion (S3 Object Lock); `None` for unlocked objects and for
+    /// stores without locks.
+    pub async fn lock(&self, key: &str) -> Result<Option<lock::Lock>, StoreError> {
+        match &self.locks {
+            Some(l) => l.lock(key).await.map_err(|reason| StoreError::Lock {
+                key: key.to_owned(),
+                url: self.url.to_string(),
+                reason,
+            }),
+            None => Ok(None),
         }
     }
 

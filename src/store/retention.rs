@@ -10,6 +10,7 @@
 //!    was never uploaded) go once a newer full exists.
 //!
 //! Deletion never races an upload: the backup loop runs retention between its own uploads.
+//! `plan` is a pure function; `apply` runs it against a store and leaves locked objects alone.
 
 use std::collections::{BTreeMap, HashSet};
 use std::str::FromStr;
@@ -158,6 +159,72 @@ pub fn plan(
     }
     delete.sort();
     delete
+}
+
+/// What one retention pass did.
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub deleted: usize,
+    /// Objects the policy would delete that an S3 Object Lock still protects: left alone.
+    pub locked: Vec<(String, super::lock::Lock)>,
+}
+
+impl Applied {
+    /// When the first locked object becomes deletable (`None`: none is locked, or only by legal
+    /// holds, which have no date).
+    pub fn next_deletable(&self) -> Option<std::time::SystemTime> {
+        self.locked
+            .iter()
+            .filter(|(_, l)| !l.legal_hold)
+            .filter_map(|(_, l)| l.until)
+            .min()
+    }
+}
+
+/// Deletes what the policy (and `rollback_keep`, for rollback points) no longer keeps in `store`,
+/// apart from the objects an Object Lock protects, which stay until their date has passed. Only
+/// this program's objects: etcd-backup-restore's beside them stay as they are.
+pub async fn apply(
+    store: &super::Store,
+    policy: Policy,
+    rollback_keep: Option<Duration>,
+    pinned: &[ChainId],
+) -> Result<Applied, super::StoreError> {
+    let (fulls, chains) = store.own_catalog().await?;
+    let now_ms = super::layout::now_ms();
+    let mut doomed = plan(&fulls, &chains, now_ms, policy, pinned);
+    // Rollback points go once `--rollback-retention` has passed since each was taken.
+    if let Some(keep) = rollback_keep {
+        match crate::upgrade::rollback::list(store).await {
+            Ok(points) => {
+                for key in crate::upgrade::rollback::expired(&points, now_ms, keep) {
+                    tracing::info!(key, keep = %humantime::format_duration(keep), "rollback point expired");
+                    doomed.push(key);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "retention: cannot list the rollback points"),
+        }
+    }
+    let mut applied = Applied::default();
+    let now = std::time::SystemTime::now();
+    for key in doomed {
+        match store.lock(&key).await? {
+            Some(lock) if lock.holds(now) => applied.locked.push((key, lock)),
+            _ => {
+                store.delete(&key).await?;
+                applied.deleted += 1;
+            }
+        }
+    }
+    if !applied.locked.is_empty() {
+        tracing::info!(
+            store = %store.url,
+            locked = applied.locked.len(),
+            next_deletable = applied.next_deletable().map(|t| humantime::format_rfc3339_seconds(t).to_string()),
+            "retention leaves objects under S3 Object Lock in place until their retention date"
+        );
+    }
+    Ok(applied)
 }
 
 #[cfg(test)]

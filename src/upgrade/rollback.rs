@@ -208,6 +208,7 @@ pub async fn take(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use object_store::ObjectStoreExt;
 
     /// `backups list` raced retention in CI: the point was listed, then expired before its header
     /// was read, and the whole listing failed.
