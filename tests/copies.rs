@@ -177,8 +177,7 @@ fn the_copy_store_gets_every_object_and_a_dead_copy_never_holds_the_store_back()
 
 /// A copy bucket with S3 Object Lock (governance mode, one day by the bucket's default retention):
 /// the copy's retention (last:1) deletes nothing that is locked, not even with a delete marker,
-/// says when the first object becomes deletable, and deletes an object once its lock has passed;
-/// the unlocked store beside it is trimmed as usual.
+/// says when the first object becomes deletable, and deletes an object once its lock has passed.
 #[test]
 fn retention_never_deletes_an_object_under_object_lock_and_deletes_it_once_the_lock_passed() {
     let ip = unique_ip();
@@ -196,7 +195,9 @@ fn retention_never_deletes_an_object_under_object_lock_and_deletes_it_once_the_l
         &moto,
         "s3://locked/etcd",
         "",
-        &["--retention", "last:1", "--copy-retention", "last:1"],
+        // The store keeps its default retention: with last:1 there it could delete a full before
+        // the copy's turn came (a copy gets what the store still holds).
+        &["--copy-retention", "last:1"],
     );
     let fulls_in = |bucket: &str| -> Vec<String> {
         ews_keys(&moto.endpoint, bucket)
@@ -216,14 +217,9 @@ fn retention_never_deletes_an_object_under_object_lock_and_deletes_it_once_the_l
         Duration::from_secs(60),
         || {
             let c = copy_status(&w);
-            (fulls_in("locked").len() == 4 && c["retention_locked"]["objects"].as_u64() >= Some(3))
+            (fulls_in("locked").len() >= 4 && c["retention_locked"]["objects"].as_u64() >= Some(3))
                 .then_some(())
         },
-    );
-    wait_for(
-        "the unlocked store to keep one full",
-        Duration::from_secs(30),
-        || (fulls_in("primary").len() == 1).then_some(()),
     );
     let locked = fulls_in("locked");
     let markers = boto3(
@@ -271,7 +267,7 @@ fn retention_never_deletes_an_object_under_object_lock_and_deletes_it_once_the_l
     let left = fulls_in("locked");
     assert_eq!(
         left.len(),
-        4,
+        locked.len(),
         "the other fulls stay locked, the new one arrived: {left:?}"
     );
 }
