@@ -143,6 +143,7 @@ impl Copies {
                 rollback_retention: cfg.rollback_retention,
                 primary: Box::new(primary.clone()),
                 retry: RETRY_MIN,
+                open: None,
             };
             tokio::spawn(task.run(cancel.child_token()));
             feeds.push(feed);
@@ -211,6 +212,7 @@ struct Task {
     rollback_retention: Option<Duration>,
     primary: Box<dyn Fn() -> Result<Store, crate::store::StoreError> + Send + Sync>,
     retry: Duration,
+    open: Option<(Store, Store)>,
 }
 
 impl Task {
@@ -256,6 +258,7 @@ impl Task {
             match outcome {
                 Ok(()) => self.retry = RETRY_MIN,
                 Err(e) => {
+                    self.open = None;
                     tracing::warn!(copy = %self.url, error = %e, "copying to the copy store failed; retrying");
                     self.feed.status.send_modify(|s| {
                         s.healthy = Some(false);
@@ -274,14 +277,20 @@ impl Task {
         }
     }
 
-    fn open_copy(&self) -> Result<Store, String> {
-        Store::open_configured(&self.url, self.credentials.as_deref())
-            .map_err(|e| crate::telemetry::error_chain(&e))
+    /// The store and the copy, opened once and kept (one HTTP client each, and a locked bucket's
+    /// Content-MD5 learnt once); opened afresh after a failure, credentials re-read.
+    fn stores(&mut self) -> Result<(Store, Store), String> {
+        if self.open.is_none() {
+            let primary = (self.primary)().map_err(|e| crate::telemetry::error_chain(&e))?;
+            let copy = Store::open_configured(&self.url, self.credentials.as_deref())
+                .map_err(|e| crate::telemetry::error_chain(&e))?;
+            self.open = Some((primary, copy));
+        }
+        Ok(self.open.clone().expect("opened above"))
     }
 
-    async fn attempt(&self, step: &Step) -> Result<(), String> {
-        let primary = (self.primary)().map_err(|e| crate::telemetry::error_chain(&e))?;
-        let copy = self.open_copy()?;
+    async fn attempt(&mut self, step: &Step) -> Result<(), String> {
+        let (primary, copy) = self.stores()?;
         match step {
             Step::Idle => Ok(()),
             Step::Reconcile(covered) => {
