@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
@@ -13,28 +12,6 @@ use std::time::{Duration, SystemTime};
 use common::stores::*;
 use common::*;
 use nix::sys::signal::Signal;
-
-/// Runs `script` with boto3 against moto at `endpoint` (bound as `s3`; `argv` as sys.argv[1:]) and
-/// returns what it printed.
-fn boto3(endpoint: &str, script: &str, argv: &[&str]) -> String {
-    let prelude = "import sys, json, datetime, boto3\n\
-                   s3 = boto3.client('s3', endpoint_url=sys.argv[1], region_name='us-east-1', \
-                   aws_access_key_id='testing', aws_secret_access_key='testing')\n\
-                   sys.argv = sys.argv[1:]\n";
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(format!("{prelude}{script}"))
-        .arg(endpoint)
-        .args(argv)
-        .output()
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "boto3: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// The backup objects (`*.ews`) in `bucket`, sorted.
 fn ews_keys(endpoint: &str, bucket: &str) -> Vec<String> {

@@ -105,30 +105,40 @@ pub fn s3_env(endpoint: &str) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// Every object key in `bucket` on the S3 server at `endpoint`, as boto3 (moto's own client)
-/// lists them: what is in the store, not what the warden says it put there.
-pub fn s3_keys(endpoint: &str, bucket: &str) -> Vec<String> {
+/// Runs `script` with boto3 against moto at `endpoint` (bound as `s3`; `argv` as sys.argv[1:]) and
+/// returns what it printed.
+pub fn boto3(endpoint: &str, script: &str, argv: &[&str]) -> String {
+    let prelude = "import sys, json, datetime, boto3\n\
+                   s3 = boto3.client('s3', endpoint_url=sys.argv[1], region_name='us-east-1', \
+                   aws_access_key_id='testing', aws_secret_access_key='testing')\n\
+                   sys.argv = sys.argv[1:]\n";
     let out = Command::new("python3")
-        .args([
-            "-c",
-            "import sys, boto3\n\
-             s3 = boto3.client('s3', endpoint_url=sys.argv[1], region_name='us-east-1', aws_access_key_id='testing', aws_secret_access_key='testing')\n\
-             for page in s3.get_paginator('list_objects_v2').paginate(Bucket=sys.argv[2]):\n\
-             \x20   for o in page.get('Contents', []): print(o['Key'])",
-            endpoint,
-            bucket,
-        ])
+        .arg("-c")
+        .arg(format!("{prelude}{script}"))
+        .arg(endpoint)
+        .args(argv)
         .output()
         .expect("run python3");
     assert!(
         out.status.success(),
-        "list {bucket}: {}",
+        "boto3: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every object key in `bucket` on the S3 server at `endpoint`, as boto3 (moto's own client)
+/// lists them: what is in the store, not what the warden says it put there.
+pub fn s3_keys(endpoint: &str, bucket: &str) -> Vec<String> {
+    boto3(
+        endpoint,
+        "for page in s3.get_paginator('list_objects_v2').paginate(Bucket=sys.argv[1]):\n\
+         \x20   for o in page.get('Contents', []): print(o['Key'])",
+        &[bucket],
+    )
+    .lines()
+    .map(str::to_owned)
+    .collect()
 }
 
 /// azurite's blob service on `ip:port`, in memory.
