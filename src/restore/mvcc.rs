@@ -41,6 +41,8 @@ pub struct MvccFile {
     /// Entries of the `meta` bucket to set at commit.
     meta_puts: BTreeMap<Vec<u8>, Vec<u8>>,
     revision: i64,
+    /// The newest compaction mark (finished or scheduled; 0: none).
+    compacted: i64,
 }
 
 fn bucket<'a>(root: &'a [LeafItem], name: &[u8]) -> Result<&'a [u8], BoltError> {
@@ -183,11 +185,13 @@ impl MvccFile {
         // its revision from the compaction mark, and so do we. A snapshot taken while a compaction
         // ran has only the scheduled mark, which is still a revision the cluster had reached
         // (newer etcd counts it too, etcd-io/etcd#17780).
+        let mut compacted = 0;
         for (_, k, v) in db.bucket_items(&BucketValue::parse(bucket(&root, META_BUCKET)?)?)? {
             if (k == FINISHED_COMPACT || k == SCHEDULED_COMPACT) && v.len() >= 8 {
-                revision = revision.max(i64::from_be_bytes(v[..8].try_into().expect("8 bytes")));
+                compacted = compacted.max(i64::from_be_bytes(v[..8].try_into().expect("8 bytes")));
             }
         }
+        revision = revision.max(compacted);
         let leases: BTreeMap<Vec<u8>, Vec<u8>> = db
             .bucket_items(&BucketValue::parse(bucket(&root, LEASE_BUCKET)?)?)?
             .into_iter()
@@ -207,12 +211,19 @@ impl MvccFile {
             leases_changed: false,
             meta_puts: BTreeMap::new(),
             revision,
+            compacted,
         })
     }
 
     /// The member's revision: the last one in the file, appended ones included.
     pub fn revision(&self) -> i64 {
         self.revision
+    }
+
+    /// The newest compaction mark, finished or scheduled (0: none): no revision at or below it
+    /// can be read from this member's history.
+    pub fn compacted(&self) -> i64 {
+        self.compacted
     }
 
     /// Records a lease granted after the snapshot (once; a TTL ≤ 0 means it was already gone).

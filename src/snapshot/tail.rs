@@ -55,12 +55,20 @@ pub async fn upload_tail(
         .last()
         .map(|(n, _)| n.last_revision())
         .unwrap_or(chain.base);
-    // etcd stopped cleanly: its db holds every applied revision, so a look at the file decides.
-    if !killed
-        && let Ok(db) = MvccFile::open(&data.join("member/snap/db"))
-        && db.revision() <= after
-    {
-        return Ok(None);
+    if let Ok(db) = MvccFile::open(&data.join("member/snap/db")) {
+        // etcd stopped cleanly: its db holds every applied revision, so a look at the file decides.
+        if !killed && db.revision() <= after {
+            return Ok(None);
+        }
+        // History compacted past the chain's end (a restore's bump and compaction mark, or a
+        // compaction before the first delta): no watch can read those revisions, and the next
+        // start takes a full. Said at once instead of starting a private etcd to learn it.
+        if db.compacted() > after {
+            return Err(format!(
+                "the data's history is compacted at revision {}, past the chain's last revision {after}: the next start takes a full snapshot",
+                db.compacted()
+            ));
+        }
     }
     let private = PrivateEtcd::start(
         reaper,
