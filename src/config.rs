@@ -31,7 +31,7 @@ Signals to the warden:
   SIGTERM, SIGINT   graceful stop: not ready, SIGTERM to etcd, wait --stop-timeout, SIGKILL; exit with
                     etcd's status. A second one SIGKILLs etcd at once.
   SIGUSR1           full snapshot now
-  SIGUSR2           flush a delta snapshot now
+  SIGUSR2           flush a delta snapshot now; a standby: promote (as `ctl promote`)
   SIGHUP            re-read the config file and credentials, re-check ownership
   others            forwarded to etcd (SIGQUIT makes etcd dump its goroutines)";
 
@@ -55,6 +55,12 @@ pub enum Command {
     /// Run etcd as the warden's child: `etcd-warden run [OPTIONS] -- etcd [ETCD_ARGS...]`.
     #[command(after_help = SIGNALS_HELP)]
     Run(Box<RunArgs>),
+    /// A warm standby (another region): keep the data dir restored from --store and apply each new
+    /// delta as it lands, not ready and with no etcd running, until `ctl promote` (or SIGUSR2) makes
+    /// it a new single-member cluster at a bumped revision that backs up to --store:
+    /// `etcd-warden standby [OPTIONS] -- etcd [ETCD_ARGS...]`.
+    #[command(after_help = SIGNALS_HELP)]
+    Standby(Box<StandbyArgs>),
     /// Exit 0 when the warden's /readyz answers 200 (for exec probes and HEALTHCHECK).
     Probe(ProbeArgs),
     /// Take one full snapshot of a running etcd into the store, then exit.
@@ -270,6 +276,17 @@ pub enum CtlCommand {
         #[arg(long, default_value = "2m", value_parser = parse_duration_arg)]
         timeout: Duration,
     },
+    /// A standby becomes a new single-member cluster at a bumped revision (SIGUSR2 does the same);
+    /// prints the time from the request to a ready etcd.
+    Promote {
+        /// Promote even while the store's newest object is younger than --standby-quiet, or when
+        /// the store cannot be read.
+        #[arg(long)]
+        force: bool,
+        /// Give up waiting for a ready etcd after this long.
+        #[arg(long, default_value = "2m", value_parser = parse_duration_arg)]
+        timeout: Duration,
+    },
     /// Ask for a snapshot now (full = SIGUSR1, delta = SIGUSR2).
     Snapshot {
         #[arg(value_enum)]
@@ -453,6 +470,19 @@ pub struct RunArgs {
     /// The etcd command line, exactly as you would run it without the warden.
     #[arg(last = true, value_name = "ETCD_BINARY [ETCD_ARGS]")]
     pub etcd: Vec<OsString>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StandbyArgs {
+    /// How often the store is listed for new deltas.
+    #[arg(long, default_value = "1s", value_parser = parse_duration_arg)]
+    pub standby_poll: Duration,
+    /// Promotion refuses while the store's newest object is younger than this (the primary still
+    /// writes); `ctl promote --force` skips the check.
+    #[arg(long, default_value = "30s", value_parser = parse_duration_arg)]
+    pub standby_quiet: Duration,
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 /// Options of `run`. Also the schema of the `--config` file.
@@ -690,6 +720,8 @@ pub struct RunConfig {
     pub allow_unsupported_upgrade: bool,
     /// `--previous-etcd`: the older release's binary, for the rollback point (absolute).
     pub previous_etcd: Option<PathBuf>,
+    /// `etcd-warden standby`: follow the store until promoted, then run as usual.
+    pub standby: Option<crate::standby::StandbyConfig>,
     /// The arguments this was built from: SIGHUP builds the configuration again from them, with
     /// the config file and credentials read afresh.
     pub source: RunArgs,
@@ -1251,6 +1283,7 @@ impl RunConfig {
             admin_token_file: o.admin_token_file,
             allow_unsupported_upgrade: o.allow_unsupported_upgrade,
             previous_etcd,
+            standby: None,
             source,
         })
     }

@@ -58,6 +58,7 @@ pub async fn ctl(args: CtlArgs) -> i32 {
             .map(|s| println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default())),
         CtlCommand::Snapshot { kind, wait, timeout } => snapshot(socket, kind, wait, timeout).await,
         CtlCommand::Leave { timeout } => leave(socket, timeout).await,
+        CtlCommand::Promote { force, timeout } => promote(socket, force, timeout).await,
     };
     match result {
         Ok(()) => 0,
@@ -101,6 +102,51 @@ async fn leave(socket: &Path, timeout: Duration) -> Result<(), String> {
         "the warden had not left after {}",
         humantime::format_duration(timeout)
     ))
+}
+
+/// Asks a standby to promote itself and waits until its etcd is ready (or the request is refused).
+async fn promote(socket: &Path, force: bool, timeout: Duration) -> Result<(), String> {
+    let before = status(socket).await?;
+    if before["standby"].is_null() {
+        return Err("this warden is not a standby (etcd-warden standby)".into());
+    }
+    let asked_before = before["standby"]["promotion"]["requested_at"].clone();
+    let path = if force {
+        "/standby/promote?force=true"
+    } else {
+        "/standby/promote"
+    };
+    let (code, body) = request(socket, Method::POST, path).await?;
+    if code != 202 {
+        return Err(format!("{path} answered {code}: {}", body.trim()));
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        let s = status(socket).await?;
+        let p = &s["standby"]["promotion"];
+        if p["requested_at"] != asked_before && !p["requested_at"].is_null() {
+            if let Some(why) = p["refused"].as_str() {
+                return Err(format!("promotion refused: {why}"));
+            }
+            if let Some(secs) = p["seconds"].as_f64() {
+                println!(
+                    "promoted: etcd is ready at revision {} (the backed-up revision {} plus the bump) after {secs:.2}s; backups go to {}",
+                    p["revision"],
+                    p["backed_up_revision"],
+                    s["backup"]["store"].as_str().unwrap_or("the store")
+                );
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "not promoted within {} (standby state: {}; see the warden's log)",
+                humantime::format_duration(timeout),
+                s["standby"]["state"]
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn snapshot(socket: &Path, kind: SnapshotKind, wait: bool, timeout: Duration) -> Result<(), String> {

@@ -39,6 +39,7 @@ const METRICS: &str = "/metrics";
 const SNAPSHOT_FULL: &str = "/snapshot/full";
 const SNAPSHOT_DELTA: &str = "/snapshot/delta";
 const CLUSTER_LEAVE: &str = "/cluster/leave";
+const STANDBY_PROMOTE: &str = "/standby/promote";
 
 /// One endpoint: method, path, where it is served, and what it answers.
 #[derive(Debug)]
@@ -145,6 +146,9 @@ pub struct Actions {
     pub token_file: Option<PathBuf>,
     /// `POST /cluster/leave` (admin socket only): the run loop makes this member leave.
     pub leave: tokio::sync::mpsc::Sender<()>,
+    /// `POST /standby/promote[?force=true]` (admin socket only): a standby promotes itself (the
+    /// flag: forced). `None`: this warden is no standby.
+    pub promote: Option<tokio::sync::mpsc::Sender<bool>>,
 }
 
 /// Serves TCP connections until cancelled.
@@ -327,6 +331,37 @@ fn post(req: &Request<Incoming>, actions: &Actions, access: Access) -> Response<
         let queued = actions.leave.try_send(()).is_ok();
         tracing::warn!(queued, "leave requested over the admin socket");
         return text(StatusCode::ACCEPTED, "{\"leaving\": true}\n", "application/json");
+    }
+    if req.uri().path() == STANDBY_PROMOTE {
+        // Creating a second live cluster by mistake is not offered over the network.
+        if access == Access::Network {
+            return text(
+                StatusCode::FORBIDDEN,
+                "POST /standby/promote is served on the admin socket only\n",
+                PLAIN,
+            );
+        }
+        let Some(promote) = &actions.promote else {
+            return text(
+                StatusCode::CONFLICT,
+                "this warden is not a standby (etcd-warden standby)\n",
+                PLAIN,
+            );
+        };
+        let force = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|p| p == "force=true" || p == "force=1"));
+        let queued = promote.try_send(force).is_ok();
+        tracing::warn!(force, queued, "promotion requested over the admin socket");
+        return text(
+            StatusCode::ACCEPTED,
+            format!(
+                "{}\n",
+                json!({ "promoting": true, "force": force, "coalesced": !queued })
+            ),
+            "application/json",
+        );
     }
     let kind = match req.uri().path() {
         SNAPSHOT_FULL => "full",

@@ -24,6 +24,7 @@ pub mod run;
 pub mod signals;
 pub mod snapshot;
 pub mod space;
+pub mod standby;
 pub mod startup;
 pub mod state;
 pub mod store;

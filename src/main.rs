@@ -20,13 +20,20 @@ fn main() {
         .filter_map(|(k, _)| k.into_string().ok())
         .collect();
     let env_warnings = etcd_warden::envvars::unknown(env_names.iter().map(String::as_str));
-    if !matches!(cli.command, Command::Run(_)) {
+    if !matches!(cli.command, Command::Run(_) | Command::Standby(_)) {
         for w in &env_warnings {
             eprintln!("etcd-warden: warning: {w}");
         }
     }
     let code = match cli.command {
-        Command::Run(args) => run_command(*args, &env_warnings),
+        Command::Run(args) => run_command(*args, None, &env_warnings),
+        Command::Standby(args) => {
+            let standby = etcd_warden::standby::StandbyConfig {
+                poll: args.standby_poll,
+                quiet: args.standby_quiet,
+            };
+            run_command(args.run, Some(standby), &env_warnings)
+        }
         Command::Probe(args) => probe_command(args),
         Command::Snapshot(args) => one_shot(cli::snapshot(args)),
         Command::Backups(etcd_warden::config::BackupsCommand::Verify {
@@ -93,10 +100,14 @@ fn clap_error(err: clap::Error) -> i32 {
     EX_USAGE
 }
 
-fn run_command(args: RunArgs, env_warnings: &[String]) -> i32 {
+fn run_command(
+    args: RunArgs,
+    standby: Option<etcd_warden::standby::StandbyConfig>,
+    env_warnings: &[String],
+) -> i32 {
     let env: HashMap<String, String> = std::env::vars().collect();
     let config = match RunConfig::from_args(args, &env) {
-        Ok(c) => c,
+        Ok(c) => RunConfig { standby, ..c },
         Err(err) => {
             for w in env_warnings {
                 eprintln!("etcd-warden: warning: {w}");
@@ -105,6 +116,12 @@ fn run_command(args: RunArgs, env_warnings: &[String]) -> i32 {
             return EX_USAGE;
         }
     };
+    if config.standby.is_some()
+        && let Err(e) = etcd_warden::standby::check_usage(&config)
+    {
+        eprintln!("etcd-warden: {e}");
+        return EX_USAGE;
+    }
     telemetry::init_logging(config.log_format);
     for w in env_warnings {
         tracing::warn!("{w}");

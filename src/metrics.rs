@@ -194,6 +194,24 @@ pub const METRICS: &[Metric] = &[
         help: "Failed attempts at copying to the copy store (each is retried with backoff).",
     },
     Metric {
+        name: "etcd_warden_standby_lag_revisions",
+        kind: MetricKind::Gauge,
+        present: "on a standby, until promoted",
+        help: "Revisions the followed store holds that the standby's data dir does not yet.",
+    },
+    Metric {
+        name: "etcd_warden_standby_lag_seconds",
+        kind: MetricKind::Gauge,
+        present: "on a standby, until promoted",
+        help: "How long ago the oldest object the standby has not applied was written (0 when caught up).",
+    },
+    Metric {
+        name: "etcd_warden_standby_promotion_seconds",
+        kind: MetricKind::Gauge,
+        present: "on a promoted standby, once etcd is ready",
+        help: "From the promotion request to a ready etcd.",
+    },
+    Metric {
         name: "etcd_warden_retention_locked_objects",
         kind: MetricKind::Gauge,
         present: "per store, while retention leaves objects under S3 Object Lock",
@@ -543,6 +561,25 @@ fn copy_families(shared: &Shared) -> Vec<Family> {
     ]
 }
 
+/// A standby's lag until it is promoted, then the time the promotion took.
+fn standby_families(shared: &Shared) -> Vec<Family> {
+    let Some(s) = shared.standby.borrow().clone() else {
+        return Vec::new();
+    };
+    let one = |x: f64| vec![(Vec::new(), x)];
+    if s.state == crate::standby::State::Promoted {
+        return s
+            .promotion
+            .and_then(|p| p.seconds)
+            .map(|secs| vec![Family::of("etcd_warden_standby_promotion_seconds", one(secs))])
+            .unwrap_or_default();
+    }
+    vec![
+        Family::of("etcd_warden_standby_lag_revisions", one(s.lag_revisions as f64)),
+        Family::of("etcd_warden_standby_lag_seconds", one(s.lag_seconds)),
+    ]
+}
+
 /// Backup health (rule 1: shown here, never in readiness).
 fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
     let b = shared.backup.borrow().clone();
@@ -847,6 +884,7 @@ pub fn render(shared: &Shared) -> String {
     families.extend(backup_families(shared, s.revision));
     families.extend(ownership_families(shared));
     families.extend(copy_families(shared));
+    families.extend(standby_families(shared));
     let mut registry = Registry::default();
     registry.register_collector(Box::new(Collector { families }));
     let mut out = String::new();

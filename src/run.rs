@@ -65,6 +65,8 @@ pub async fn run(
     let (restores_tx, restores_rx) = watch::channel(RestoreStats::default());
     let (member_tx, member_rx) = watch::channel(None);
     let (leave_refused_tx, leave_refused_rx) = watch::channel(None);
+    let (standby_tx, standby_rx) = watch::channel(None);
+    let (promote_tx, promote_rx) = mpsc::channel(1);
     let etcd_version = crate::etcd::version::of_binary(&reaper, &config.launch.program).await;
     if let Some(v) = etcd_version {
         crate::etcd::version::warn_known_issues(v, "etcd --version");
@@ -133,6 +135,7 @@ pub async fn run(
         restores: restores_rx,
         member: member_rx,
         leave_refused: leave_refused_rx,
+        standby: standby_rx,
         reaper: reaper.clone(),
         role,
         etcd_binary_version: etcd_version,
@@ -171,6 +174,7 @@ pub async fn run(
         backup: backup_handle.clone(),
         token_file: config.admin_token_file.clone(),
         leave: leave_tx,
+        promote: config.standby.is_some().then_some(promote_tx),
     });
     tracker.spawn(crate::http::serve(
         listener,
@@ -256,6 +260,9 @@ pub async fn run(
         leave_refused: leave_refused_tx,
         promote: None,
         leave: leave_rx,
+        standby: standby_tx,
+        promote_requests: promote_rx,
+        skip_prepare: false,
         ownership: ownership_rx,
         recheck,
         hurry: false,
@@ -289,6 +296,12 @@ struct Terms {
     promote: Option<JoinHandle<()>>,
     /// `ctl leave` requests.
     leave: mpsc::Receiver<()>,
+    /// A standby's progress and promotion.
+    standby: watch::Sender<Option<crate::standby::StandbyStatus>>,
+    /// `ctl promote` requests (the flag: forced).
+    promote_requests: mpsc::Receiver<bool>,
+    /// A promoted standby's data dir is ready as it is: the first term starts etcd on it at once.
+    skip_prepare: bool,
     ownership: watch::Receiver<OwnershipStatus>,
     recheck: Arc<Notify>,
     /// A second stop signal came: exit without the tail upload.
@@ -315,6 +328,11 @@ enum Served {
 
 impl Terms {
     async fn run(&mut self) -> ExitStatus {
+        if let Some(standby) = self.config.standby.clone()
+            && let Err(status) = self.stand_by(standby).await
+        {
+            return status;
+        }
         loop {
             if let Some(sig) = self.wait_for_ownership().await {
                 tracing::info!(signal = %sig, "stop requested while etcd was not running");
@@ -499,6 +517,10 @@ impl Terms {
     /// Validates (and if need be restores) the data dir. A stop signal meanwhile abandons it: the
     /// private etcd is killed, the target is left as it was.
     async fn prepare(&mut self) -> Result<(), ExitStatus> {
+        if std::mem::take(&mut self.skip_prepare) {
+            self.restoring.send_replace(None);
+            return Ok(());
+        }
         self.restoring
             .send_replace(Some("checking the data dir".to_owned()));
         let mut joined = None;
@@ -548,6 +570,90 @@ impl Terms {
         }
         self.restoring.send_replace(None);
         Ok(())
+    }
+
+    /// A standby (`crate::standby`): follows the store until promoted (`Ok`: the data dir is
+    /// ready for etcd), or until a stop signal (`Err`: the exit status). Promotion requests
+    /// (`ctl promote`, SIGUSR2) are taken between steps; a stop signal also during one.
+    async fn stand_by(&mut self, config: crate::standby::StandbyConfig) -> Result<(), ExitStatus> {
+        let reaper = self.reaper.clone();
+        let mut follower = crate::standby::Follower::new(self.config.clone(), config, self.standby.clone());
+        let mut beat = tokio::time::interval(Duration::from_secs(1));
+        let mut promote: Option<bool> = None;
+        tracing::info!(store = %self.config.store, "standby: following the store; etcd starts when promoted (`ctl promote` or SIGUSR2)");
+        loop {
+            if let Some(force) = promote.take() {
+                let requested = Instant::now();
+                match follower.promote(&reaper, force).await {
+                    Ok(_) => {
+                        self.time_promotion(requested);
+                        self.skip_prepare = true;
+                        return Ok(());
+                    }
+                    Err(why) => {
+                        tracing::warn!(reason = %why, "standby: promotion refused; following on");
+                        follower.refused(why);
+                    }
+                }
+            }
+            let mut stepped = false;
+            let next_poll = tokio::time::sleep(follower.poll_interval());
+            tokio::pin!(next_poll);
+            let step = follower.step(&reaper);
+            tokio::pin!(step);
+            while promote.is_none() {
+                tokio::select! {
+                    _ = &mut step, if !stepped => stepped = true,
+                    _ = &mut next_poll, if stepped => break,
+                    _ = beat.tick() => self.shared.supervisor_heartbeat.beat(),
+                    Some(force) = self.promote_requests.recv(), if stepped => promote = Some(force),
+                    Some(ev) = self.signals.recv() => match ev {
+                        SignalEvent::Stop(sig) => {
+                            tracing::info!(signal = %sig, "stop requested while on standby; etcd was never started");
+                            return Err(self.finish().await);
+                        }
+                        SignalEvent::DeltaSnapshot if stepped => {
+                            tracing::info!("SIGUSR2: promotion requested");
+                            promote = Some(false);
+                        }
+                        SignalEvent::DeltaSnapshot => {
+                            tracing::info!("SIGUSR2: promotion requested; it runs after the current step");
+                            promote = Some(false);
+                            // Finish the step first: a promotion never interrupts a restore.
+                            while !stepped {
+                                tokio::select! {
+                                    _ = &mut step => stepped = true,
+                                    _ = beat.tick() => self.shared.supervisor_heartbeat.beat(),
+                                }
+                            }
+                        }
+                        SignalEvent::FullSnapshot => tracing::info!("SIGUSR1: a standby takes no snapshots (SIGUSR2 or `ctl promote` promotes it)"),
+                        SignalEvent::Reload => tracing::info!("SIGHUP: a standby reads its configuration again when promoted"),
+                        SignalEvent::Forward(sig) => tracing::debug!(signal = %sig, "no etcd runs on a standby: nothing to forward to"),
+                    },
+                }
+            }
+        }
+    }
+
+    /// Reports the time from a promotion's request to a ready etcd, once readiness says so.
+    fn time_promotion(&self, requested: Instant) {
+        let (shared, status) = (self.shared.clone(), self.standby.clone());
+        tokio::spawn(async move {
+            while requested.elapsed() < Duration::from_secs(600) {
+                if shared.readiness().is_ok() {
+                    let seconds = requested.elapsed().as_secs_f64();
+                    status.send_modify(|s| {
+                        if let Some(p) = s.as_mut().and_then(|s| s.promotion.as_mut()) {
+                            p.seconds = Some(seconds);
+                        }
+                    });
+                    tracing::info!(seconds, "standby: promoted and ready");
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
     }
 
     /// A cluster member starts with the decision's etcd flags (joining its peers `existing`, or a

@@ -33,6 +33,8 @@ pub struct Shared {
     /// A cluster member's membership state when it holds etcd back: quorum lost, a repair under
     /// way, a learner catching up. `None` otherwise (and always for a single member).
     pub member: watch::Receiver<Option<String>>,
+    /// `etcd-warden standby`: how far behind, and the promotion (`None`: not a standby).
+    pub standby: watch::Receiver<Option<crate::standby::StandbyStatus>>,
     /// Why the last `ctl leave` was refused (`None`: none was).
     pub leave_refused: watch::Receiver<Option<String>>,
     pub reaper: Reaper,
@@ -66,6 +68,9 @@ impl Shared {
         if let Some(m) = self.member.borrow().clone() {
             return Some(m);
         }
+        if let Some(r) = self.standby.borrow().as_ref().and_then(|s| s.not_ready_reason()) {
+            return Some(r);
+        }
         self.restoring
             .borrow()
             .as_ref()
@@ -82,6 +87,14 @@ impl Shared {
         }
         if !self.ownership.borrow().may_serve {
             return "not-owner";
+        }
+        if self
+            .standby
+            .borrow()
+            .as_ref()
+            .is_some_and(|s| s.state != crate::standby::State::Promoted)
+        {
+            return "standby";
         }
         if self.restoring.borrow().is_some() {
             return "restoring";
@@ -211,6 +224,7 @@ impl Shared {
             "ownership": self.ownership_json(),
             "backup": self.backup_json(),
             "copies": self.copies_json(),
+            "standby": serde_json::to_value(&*self.standby.borrow()).unwrap_or_default(),
             "space": self.space_json(&health),
             "member": {
                 "holding_back": self.member.borrow().clone(),

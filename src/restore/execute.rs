@@ -604,7 +604,7 @@ async fn deltas(
         tracing::info!("{REPLAY_THROUGH_ETCD} is set: replaying the deltas through a private etcd");
     } else {
         match MvccFile::open(db) {
-            Ok(file) => return super::write::write_deltas(fetcher, file, cand, &opts.progress).await,
+            Ok(file) => return super::write::write_deltas(fetcher, file, cand, &opts.progress, false).await,
             // Checked before anything is written: the replay below still works on the file.
             Err(e) => {
                 tracing::warn!(error = %e, db = %db.display(), "cannot write the deltas into the restored db directly; replaying them through a private etcd")

@@ -13,3 +13,4 @@ mod write;
 
 pub use execute::{RestoreOptions, RestoreReport, restore};
 pub use plan::Target;
+pub use write::extend;

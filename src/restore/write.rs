@@ -182,14 +182,16 @@ pub(super) async fn write_deltas(
     file: MvccFile,
     cand: &Candidate,
     progress: &Progress,
+    quiet: bool,
 ) -> Result<(i64, u64), Failure> {
     let (cand, progress) = (cand.clone(), progress.clone());
     let handle = tokio::runtime::Handle::current();
     let DeltaFetcher { sources, task } = fetcher;
-    let result =
-        tokio::task::spawn_blocking(move || write_deltas_blocking(&handle, sources, file, &cand, &progress))
-            .await
-            .map_err(|e| Failure::Local(format!("write the deltas: {e}")));
+    let result = tokio::task::spawn_blocking(move || {
+        write_deltas_blocking(&handle, sources, file, &cand, &progress, quiet)
+    })
+    .await
+    .map_err(|e| Failure::Local(format!("write the deltas: {e}")));
     drop(task);
     result?
 }
@@ -200,12 +202,15 @@ fn write_deltas_blocking(
     mut file: MvccFile,
     cand: &Candidate,
     progress: &Progress,
+    quiet: bool,
 ) -> Result<(i64, u64), Failure> {
     let (started, from) = (Instant::now(), file.revision());
-    tracing::info!(
-        revision = from,
-        "full snapshot restored; writing the deltas into its db"
-    );
+    if !quiet {
+        tracing::info!(
+            revision = from,
+            "full snapshot restored; writing the deltas into its db"
+        );
+    }
     if let Some(stop) = cand.stop_at
         && from > stop
     {
@@ -263,11 +268,44 @@ fn write_deltas_blocking(
     let revision = file.revision();
     file.commit()
         .map_err(|e| Failure::Local(format!("commit the restored db: {e}")))?;
-    tracing::info!(
-        revisions = applied,
-        revision,
-        secs = started.elapsed().as_secs_f64(),
-        "deltas written into the restored db"
-    );
+    if !quiet {
+        tracing::info!(
+            revisions = applied,
+            revision,
+            secs = started.elapsed().as_secs_f64(),
+            "deltas written into the restored db"
+        );
+    }
     Ok((revision, applied))
+}
+
+/// Appends `deltas` (in order, continuing the file's revision) to the db file of a restored member
+/// that no etcd runs on, as a restore does: a standby following its store (`crate::standby`).
+/// Nothing is committed unless every delta verified; the file's new revision and the number of
+/// revisions written come back.
+pub async fn extend(
+    store: &Store,
+    db: &std::path::Path,
+    full: SnapshotName,
+    deltas: Vec<SnapshotName>,
+) -> Result<(i64, u64), String> {
+    let file = MvccFile::open(db).map_err(|e| format!("open {}: {e}", db.display()))?;
+    let target_revision = deltas.last().map_or(full.last_revision(), |d| d.last_revision());
+    let cand = Candidate {
+        full,
+        deltas,
+        target_revision,
+        stop_at: None,
+        gap: None,
+    };
+    let fetcher = DeltaFetcher::start(store, &cand);
+    write_deltas(fetcher, file, &cand, &Progress::default(), true)
+        .await
+        .map_err(|e| match e {
+            Failure::Unavailable(e) => format!("the store did not answer: {e}"),
+            Failure::BadFull(e) | Failure::Local(e) => e,
+            Failure::BadDelta { index, reason } => {
+                format!("{} is corrupt or missing: {reason}", cand.deltas[index].key())
+            }
+        })
 }

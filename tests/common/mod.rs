@@ -209,6 +209,21 @@ impl Warden {
 
     /// Like `builder`, with a wrapper in front (e.g. `unshare --pid --fork`).
     pub fn builder_with(wrapper: &[&str], ip: &str, opts: &[&str], etcd: &[String]) -> WardenBuilder {
+        Self::builder_of("run", wrapper, ip, opts, etcd)
+    }
+
+    /// `warden standby --listen <ip>:2378 <opts> -- <etcd...>`.
+    pub fn standby_builder(ip: &str, opts: &[&str], etcd: &[String]) -> WardenBuilder {
+        Self::builder_of("standby", &[], ip, opts, etcd)
+    }
+
+    fn builder_of(
+        command: &str,
+        wrapper: &[&str],
+        ip: &str,
+        opts: &[&str],
+        etcd: &[String],
+    ) -> WardenBuilder {
         let dir = tempfile::tempdir().expect("tempdir");
         let http = format!("{ip}:2378");
         let mut cmd = match wrapper.split_first() {
@@ -219,7 +234,7 @@ impl Warden {
             }
             None => Command::new(WARDEN),
         };
-        cmd.arg("run")
+        cmd.arg(command)
             .arg("--listen")
             .arg(&http)
             .args(opts)
