@@ -193,6 +193,51 @@ fn a_copy_store_that_is_the_store_or_no_store_or_a_bad_copy_retention_is_refused
     }
 }
 
+/// `standby` never starts on a data dir that holds a member's data, nor as a member of a
+/// cluster, nor with the WAL outside the data dir: exit 64 naming the fix, the data untouched.
+#[test]
+fn a_standby_on_a_members_data_or_in_a_cluster_is_refused_with_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}/store", dir.path().display());
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("member/snap")).unwrap();
+    std::fs::write(data.join("member/snap/db"), b"a member's data").unwrap();
+    let standby = |etcd_flags: &[&str]| {
+        let out = std::process::Command::new(WARDEN)
+            .current_dir(dir.path())
+            .args(["standby", "--listen", &format!("{}:2378", unique_ip())])
+            .args(["--store", &store])
+            .arg("--")
+            .arg(default_etcd())
+            .args(["--name", "m1", "--data-dir", data.to_str().unwrap()])
+            .args(etcd_flags)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{etcd_flags:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = standby(&[]);
+    assert!(
+        err.contains("not a standby's") && err.contains("empty directory"),
+        "{err}"
+    );
+    let err = standby(&[
+        "--initial-cluster",
+        "m1=http://127.0.0.1:2380,m2=http://127.0.0.2:2380,m3=http://127.0.0.3:2380",
+    ]);
+    assert!(err.contains("a standby is a single member"), "{err}");
+    std::fs::remove_dir_all(&data).unwrap();
+    let err = standby(&["--wal-dir", dir.path().join("wal").to_str().unwrap()]);
+    assert!(err.contains("--wal-dir"), "{err}");
+    assert!(!data.exists(), "nothing created");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "nothing created: {left:?}");
+}
+
 /// `run OPTS -- etcd --data-dir DIR/data` in `dir`: exits 64; its stderr.
 fn refused_run(dir: &Path, opts: &[&str]) -> String {
     let out = std::process::Command::new(WARDEN)

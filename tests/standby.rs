@@ -292,3 +292,95 @@ fn a_standby_follows_the_copy_within_a_period_and_is_promoted_in_seconds_after_t
         "the promoted member takes writes"
     );
 }
+
+/// The primary loses its data dir and restores itself from the store (a new full at a bumped
+/// revision): no delta continues the standby's history, so it rebuilds from the new full and
+/// follows on; once the primary is stopped, SIGUSR2 promotes it. etcd 3.7.3, a file store.
+#[test]
+fn a_standby_rebuilds_across_a_restore_in_the_primary_and_sigusr2_promotes_it() {
+    let (ip, sip) = (unique_ip(), unique_ip());
+    let etcd = etcd37();
+    let ctl_bin = etcdctl_for(&etcd);
+    let root = tempfile::tempdir().unwrap();
+    let store = format!("file://{}/store", root.path().display());
+    let pdata = root.path().join("primary");
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, &pdata));
+    let opts = ["--store", store.as_str(), "--delta-snapshot-period", "500ms"];
+    let mut primary = Warden::builder(&ip, &opts, &argv).spawn();
+    primary.wait_ready(Duration::from_secs(30));
+    for i in 0..30 {
+        etcdctl(&ctl_bin, &ip, &["put", &format!("a{i:02}"), "x"]).unwrap();
+    }
+    let before = etcd_revision(&ctl_bin, &ip);
+
+    let sdir = tempfile::tempdir().unwrap();
+    let mut sargv = vec![etcd.display().to_string()];
+    sargv.extend(etcd_args(&sip, &sdir.path().join("data")));
+    let standby = Warden::standby_builder(
+        &sip,
+        &[
+            "--store",
+            store.as_str(),
+            "--standby-poll",
+            "500ms",
+            "--standby-quiet",
+            "1s",
+        ],
+        &sargv,
+    )
+    .spawn();
+    let standing = |what: &str, f: &dyn Fn(&serde_json::Value) -> bool| {
+        wait_for(what, Duration::from_secs(60), || {
+            standby.assert_running();
+            let (_, body) = standby.get("/status")?;
+            let s: serde_json::Value = serde_json::from_str(&body).ok()?;
+            f(&s["standby"]).then_some(())
+        })
+    };
+    standing("the standby to reach the primary's revision", &|s| {
+        s["revision"].as_i64() >= Some(before)
+    });
+
+    // The primary's data dir is lost; it restores itself at a bumped revision.
+    primary.signal(Signal::SIGTERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), 143);
+    std::fs::remove_dir_all(&pdata).unwrap();
+    let primary = Warden::builder(&ip, &opts, &argv).spawn();
+    primary.wait_ready(Duration::from_secs(60));
+    for i in 0..20 {
+        etcdctl(&ctl_bin, &ip, &["put", &format!("b{i:02}"), "x"]).unwrap();
+    }
+    let after = etcd_revision(&ctl_bin, &ip);
+    assert!(
+        after > 1_000_000_000,
+        "the primary restored with the bump: {after}"
+    );
+    standing("the standby to rebuild past the primary's restore", &|s| {
+        s["revision"].as_i64() >= Some(after) && s["rebuilds_total"].as_u64() >= Some(1)
+    });
+
+    // The primary stops; once the store is quiet, SIGUSR2 promotes the standby.
+    let mut primary = primary;
+    primary.signal(Signal::SIGTERM);
+    assert_eq!(primary.wait_exit(Duration::from_secs(30)), 143);
+    standing("the store to be quiet for --standby-quiet", &|s| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        s["store_head_at"].as_f64().is_some_and(|at| now - at > 1.2)
+    });
+    standby.signal(Signal::SIGUSR2);
+    standby.wait_ready(Duration::from_secs(30));
+    let mut keys = live_keys(&etcd, &sip, "a");
+    keys.extend(live_keys(&etcd, &sip, "b"));
+    assert_eq!(keys.len(), 50, "every key the primary acknowledged: {keys:?}");
+    let revision = etcd_revision(&ctl_bin, &sip);
+    assert!(
+        revision > after,
+        "promoted at {revision}, above the primary's {after}"
+    );
+    let log = standby.log_text();
+    assert!(log.contains("SIGUSR2: promotion requested"), "{log}");
+}
