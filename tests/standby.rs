@@ -70,6 +70,35 @@ fn ctl(socket: &std::path::Path, args: &[&str]) -> (i32, String) {
     )
 }
 
+/// moto's request log counted by what the warden did: `GET primary delta` (a delta object read
+/// from the `primary` bucket), `PUT copy delta`, `LIST copy`, …
+fn requests(log: &std::path::Path) -> std::collections::HashMap<String, u64> {
+    let mut out = std::collections::HashMap::new();
+    for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+        let Some(req) = line.split('"').nth(1) else {
+            continue;
+        };
+        let mut parts = req.split_whitespace();
+        let (Some(method), Some(path)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let bucket = path
+            .trim_start_matches('/')
+            .split(['/', '?'])
+            .next()
+            .unwrap_or("");
+        let what = if path.contains("list-type=2") {
+            format!("LIST {bucket}")
+        } else if path.contains("/v1/delta/") {
+            format!("{method} {bucket} delta")
+        } else {
+            format!("{method} {bucket} other")
+        };
+        *out.entry(what).or_insert(0) += 1;
+    }
+    out
+}
+
 fn metric(w: &Warden, name: &str) -> Option<f64> {
     let (_, body) = w.get("/metrics").expect("warden answers /metrics");
     body.lines()
@@ -87,10 +116,11 @@ fn metric(w: &Warden, name: &str) -> Option<f64> {
 #[test]
 fn a_standby_follows_the_copy_within_a_period_and_is_promoted_in_seconds_after_the_primary_dies() {
     let (ip, sip) = (unique_ip(), unique_ip());
-    let moto = moto(&ip, 5000);
+    let pdir = tempfile::tempdir().unwrap();
+    let moto_log = pdir.path().join("moto.log");
+    let moto = moto_with_log(&ip, 5000, Some(&moto_log));
     create_bucket(&moto.addr, "primary");
     create_bucket(&moto.addr, "copy");
-    let pdir = tempfile::tempdir().unwrap();
     let creds = pdir.path().join("copy.env");
     std::fs::write(&creds, format!("AWS_ENDPOINT_URL={}\n", moto.endpoint)).unwrap();
     let etcd = default_etcd();
@@ -159,6 +189,11 @@ fn a_standby_follows_the_copy_within_a_period_and_is_promoted_in_seconds_after_t
 
     // Following under steady writes for 10 s.
     let allowed = PERIOD + Duration::from_secs(2);
+    let requests_before = requests(&moto_log);
+    let (deltas_before, polls_before) = (
+        primary.status()["backup"]["deltas_total"].as_u64().unwrap(),
+        standby.status()["standby"]["polls_total"].as_u64().unwrap(),
+    );
     let started = Instant::now();
     let (mut worst_behind, mut worst_seconds, mut samples) = (0i64, 0.0f64, 0);
     while started.elapsed() < Duration::from_secs(10) {
@@ -194,6 +229,24 @@ fn a_standby_follows_the_copy_within_a_period_and_is_promoted_in_seconds_after_t
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(samples >= 20, "polled the standby {samples} times");
+    let requests_after = requests(&moto_log);
+    let deltas = primary.status()["backup"]["deltas_total"].as_u64().unwrap() - deltas_before;
+    let polls = standby.status()["standby"]["polls_total"].as_u64().unwrap() - polls_before;
+    let count = |what: &str| requests_after.get(what).unwrap_or(&0) - requests_before.get(what).unwrap_or(&0);
+    let (copy_gets, copy_puts) = (count("GET primary delta"), count("PUT copy delta"));
+    let (lists, standby_gets) = (count("LIST copy"), count("GET copy delta"));
+    eprintln!(
+        "requests in 10 s: {deltas} deltas; copying: {copy_gets} GET from the store, {copy_puts} PUT to the copy; the standby: {lists} listings in {polls} polls, {standby_gets} GET of deltas"
+    );
+    assert!(deltas >= 8, "the primary wrote {deltas} deltas in 10 s");
+    assert!(
+        copy_gets <= deltas + 1 && copy_puts <= deltas + 1 && copy_puts + 1 >= deltas,
+        "copying costs one GET and one PUT per delta: {copy_gets} GET, {copy_puts} PUT for {deltas} deltas"
+    );
+    assert!(
+        lists <= polls * 3 + 3,
+        "a standby's poll lists the fulls and one or two chains: {lists} listings in {polls} polls"
+    );
     assert!(
         std::net::TcpStream::connect_timeout(&format!("{sip}:2379").parse().unwrap(), Duration::from_secs(1))
             .is_err(),
