@@ -475,11 +475,11 @@ pub struct RunArgs {
 #[derive(Debug, Clone, Args)]
 pub struct StandbyArgs {
     /// How often the store is listed for new deltas.
-    #[arg(long, default_value = "1s", value_parser = parse_duration_arg)]
+    #[arg(long, env = "ETCD_WARDEN_STANDBY_POLL", value_name = "DURATION", default_value = "1s", value_parser = parse_duration_arg)]
     pub standby_poll: Duration,
     /// Promotion refuses while the store's newest object is younger than this (the primary still
     /// writes); `ctl promote --force` skips the check.
-    #[arg(long, default_value = "30s", value_parser = parse_duration_arg)]
+    #[arg(long, env = "ETCD_WARDEN_STANDBY_QUIET", value_name = "DURATION", default_value = "30s", value_parser = parse_duration_arg)]
     pub standby_quiet: Duration,
     #[command(flatten)]
     pub run: RunArgs,
