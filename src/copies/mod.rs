@@ -99,6 +99,8 @@ struct Queue {
     reconcile: bool,
     /// The newest object published, which a reconciliation covers.
     newest: Option<Published>,
+    /// The object being copied now.
+    in_flight: Option<Published>,
 }
 
 /// One copy's queue and status.
@@ -178,6 +180,26 @@ impl Copies {
         }
     }
 
+    /// The chains of the objects some copy still has to copy (queued or being copied): the store's
+    /// retention keeps them until the copies have them. A copy whose queue overflowed pins nothing
+    /// (it reconciles from what the store still holds).
+    pub fn pinned_chains(&self) -> Vec<crate::store::layout::ChainId> {
+        let mut out = Vec::new();
+        for feed in &self.feeds {
+            let q = feed.queue.lock().expect("copy queue");
+            for p in q.items.iter().chain(q.in_flight.iter()) {
+                if let Some(chain) = crate::store::layout::SnapshotName::parse(&p.key)
+                    .ok()
+                    .and_then(|n| n.chain())
+                    && !out.contains(&chain)
+                {
+                    out.push(chain);
+                }
+            }
+        }
+        out
+    }
+
     /// Each copy's status, for /status and /metrics.
     pub fn statuses(&self) -> Vec<CopyStatus> {
         self.feeds.iter().map(|f| f.status.borrow().clone()).collect()
@@ -227,7 +249,10 @@ impl Task {
             return Step::Reconcile(q.newest.clone());
         }
         match q.items.pop_front() {
-            Some(p) => Step::Copy(p),
+            Some(p) => {
+                q.in_flight = Some(p.clone());
+                Step::Copy(p)
+            }
             None => Step::Idle,
         }
     }
@@ -235,6 +260,7 @@ impl Task {
     /// Puts a failed step back so that it is tried again first.
     fn retry_later(&self, step: Step) {
         let mut q = self.feed.queue.lock().expect("copy queue");
+        q.in_flight = None;
         match step {
             Step::Reconcile(_) => q.reconcile = true,
             Step::Copy(p) if !q.reconcile => q.items.push_front(p),
@@ -318,7 +344,8 @@ impl Task {
 
     /// The copy now holds everything published up to `upto`.
     fn copied(&self, upto: Option<&Published>, objects: u64, bytes: u64, reconciled: bool) {
-        let q = self.feed.queue.lock().expect("copy queue");
+        let mut q = self.feed.queue.lock().expect("copy queue");
+        q.in_flight = None;
         let next = if q.reconcile {
             q.newest.as_ref().map(|p| p.at)
         } else {

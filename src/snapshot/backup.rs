@@ -1307,12 +1307,14 @@ impl Backup {
     async fn apply_retention(&mut self, store: &Store) {
         let result: Result<retention::Applied, crate::store::StoreError> = async {
             // A cluster restore plan not yet applied by every member keeps its chain.
-            let pinned: Vec<ChainId> = match store.current_plan().await? {
+            let mut pinned: Vec<ChainId> = match store.current_plan().await? {
                 Some(plan) if !store.retire_plan_if_applied(&plan).await? => {
                     plan.chain().into_iter().collect()
                 }
                 _ => Vec::new(),
             };
+            // Objects a copy has not got yet stay until it has (a copy catching up after an outage).
+            pinned.extend(self.copies.pinned_chains());
             retention::apply(store, self.cfg.retention, self.cfg.rollback_retention, &pinned).await
         }
         .await;
