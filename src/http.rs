@@ -225,7 +225,7 @@ fn route(
     access: Access,
 ) -> Response<Full<Bytes>> {
     if req.method() == Method::POST {
-        return post(req, actions, access);
+        return post(req, shared, actions, access);
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(
@@ -318,7 +318,12 @@ fn authorize(req: &Request<Incoming>, actions: &Actions) -> Result<(), Refusal> 
     }
 }
 
-fn post(req: &Request<Incoming>, actions: &Actions, access: Access) -> Response<Full<Bytes>> {
+fn post(
+    req: &Request<Incoming>,
+    shared: &Shared,
+    actions: &Actions,
+    access: Access,
+) -> Response<Full<Bytes>> {
     if req.uri().path() == CLUSTER_LEAVE {
         // Removing a member from its cluster is never offered over the network.
         if access == Access::Network {
@@ -348,6 +353,14 @@ fn post(req: &Request<Incoming>, actions: &Actions, access: Access) -> Response<
                 PLAIN,
             );
         };
+        if shared
+            .standby
+            .borrow()
+            .as_ref()
+            .is_some_and(|s| s.state == crate::standby::State::Promoted)
+        {
+            return text(StatusCode::CONFLICT, "this standby is already promoted\n", PLAIN);
+        }
         let force = req
             .uri()
             .query()

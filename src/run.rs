@@ -66,7 +66,7 @@ pub async fn run(
     let (member_tx, member_rx) = watch::channel(None);
     let (leave_refused_tx, leave_refused_rx) = watch::channel(None);
     let (standby_tx, standby_rx) = watch::channel(None);
-    let (promote_tx, promote_rx) = mpsc::channel(1);
+    let (promote_tx, promote_rx) = mpsc::channel(8);
     let etcd_version = crate::etcd::version::of_binary(&reaper, &config.launch.program).await;
     if let Some(v) = etcd_version {
         crate::etcd::version::warn_known_issues(v, "etcd --version");
@@ -578,13 +578,46 @@ impl Terms {
     async fn stand_by(&mut self, config: crate::standby::StandbyConfig) -> Result<(), ExitStatus> {
         let reaper = self.reaper.clone();
         let mut follower = crate::standby::Follower::new(self.config.clone(), config, self.standby.clone());
+        match follower.interrupted_promotion() {
+            Ok(Some(_)) => {
+                self.time_promotion(Instant::now());
+                self.skip_prepare = true;
+                return Ok(());
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "standby: an interrupted promotion could not be finished; etcd is not started");
+                return Err(ExitStatus::Code(1));
+            }
+        }
         let mut beat = tokio::time::interval(Duration::from_secs(1));
         let mut promote: Option<bool> = None;
         tracing::info!(store = %self.config.store, "standby: following the store; etcd starts when promoted (`ctl promote` or SIGUSR2)");
         loop {
             if let Some(force) = promote.take() {
                 let requested = Instant::now();
-                match follower.promote(&reaper, force).await {
+                // Requests queued meanwhile are this one; any of them forced forces it.
+                let mut force = force;
+                while let Ok(f) = self.promote_requests.try_recv() {
+                    force |= f;
+                }
+                let promoted = {
+                    let promotion = follower.promote(&reaper, force);
+                    tokio::pin!(promotion);
+                    loop {
+                        tokio::select! {
+                            r = &mut promotion => break r,
+                            _ = beat.tick() => self.shared.supervisor_heartbeat.beat(),
+                            Some(ev) = self.signals.recv() => {
+                                if let SignalEvent::Stop(sig) = ev {
+                                    tracing::warn!(signal = %sig, "stop requested during the promotion; etcd was not started");
+                                    return Err(self.finish().await);
+                                }
+                            }
+                        }
+                    }
+                };
+                match promoted {
                     Ok(_) => {
                         self.time_promotion(requested);
                         self.skip_prepare = true;
@@ -601,31 +634,22 @@ impl Terms {
             tokio::pin!(next_poll);
             let step = follower.step(&reaper);
             tokio::pin!(step);
-            while promote.is_none() {
+            // Until the next poll, or a promotion once the step is done (a promotion never
+            // interrupts a restore; a stop signal does).
+            while !(stepped && promote.is_some()) {
                 tokio::select! {
                     _ = &mut step, if !stepped => stepped = true,
                     _ = &mut next_poll, if stepped => break,
                     _ = beat.tick() => self.shared.supervisor_heartbeat.beat(),
-                    Some(force) = self.promote_requests.recv(), if stepped => promote = Some(force),
+                    Some(force) = self.promote_requests.recv(), if promote.is_none() => promote = Some(force),
                     Some(ev) = self.signals.recv() => match ev {
                         SignalEvent::Stop(sig) => {
                             tracing::info!(signal = %sig, "stop requested while on standby; etcd was never started");
                             return Err(self.finish().await);
                         }
-                        SignalEvent::DeltaSnapshot if stepped => {
-                            tracing::info!("SIGUSR2: promotion requested");
-                            promote = Some(false);
-                        }
                         SignalEvent::DeltaSnapshot => {
-                            tracing::info!("SIGUSR2: promotion requested; it runs after the current step");
-                            promote = Some(false);
-                            // Finish the step first: a promotion never interrupts a restore.
-                            while !stepped {
-                                tokio::select! {
-                                    _ = &mut step => stepped = true,
-                                    _ = beat.tick() => self.shared.supervisor_heartbeat.beat(),
-                                }
-                            }
+                            tracing::info!("SIGUSR2: promotion requested");
+                            promote.get_or_insert(false);
                         }
                         SignalEvent::FullSnapshot => tracing::info!("SIGUSR1: a standby takes no snapshots (SIGUSR2 or `ctl promote` promotes it)"),
                         SignalEvent::Reload => tracing::info!("SIGHUP: a standby reads its configuration again when promoted"),

@@ -25,7 +25,7 @@ const GROWTH_SLACK: u64 = 64 << 20;
 struct Listing {
     /// Deltas continuing the data dir's revision, in order.
     next: Vec<SnapshotName>,
-    /// The full whose chain the first of them belongs to (for the log).
+    /// The full whose chain the last of them belongs to: the chain followed from then on.
     chain_full: Option<SnapshotName>,
     /// A full newer than the data dir's revision.
     newer_full: bool,
@@ -67,6 +67,46 @@ pub struct Follower {
     /// The db file's size after the last restore.
     restored_size: u64,
     stuck_since: Option<Instant>,
+    /// The full snapshot whose chain the data dir follows (its restore's, then the last applied
+    /// delta's): listed at every poll with every newer full's, so a handover between writers (a
+    /// late full of the old writer while the new one extends the older chain) loses nothing.
+    chain: Option<SnapshotName>,
+    /// Chains listed once with their older-layout directory and found to have nothing there: later
+    /// polls list their own directory only (a writer of this layout never writes the older one).
+    current_layout: std::collections::HashSet<crate::store::layout::ChainId>,
+}
+
+/// What `<data-dir>.standby` records: the chain followed, and a promotion under way.
+#[derive(Debug, Default, PartialEq)]
+struct Marker {
+    chain: Option<String>,
+    promoting: Option<i64>,
+}
+
+impl Marker {
+    fn read(path: &std::path::Path) -> Self {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let mut m = Self::default();
+        for line in text.lines() {
+            if let Some(k) = line.strip_prefix("chain ") {
+                m.chain = Some(k.trim().to_owned());
+            } else if let Some(r) = line.strip_prefix("promoting ") {
+                m.promoting = r.trim().parse().ok();
+            }
+        }
+        m
+    }
+
+    fn text(&self, store: &str) -> String {
+        let mut t = format!("etcd-warden standby of {store}\n");
+        if let Some(c) = &self.chain {
+            t.push_str(&format!("chain {c}\n"));
+        }
+        if let Some(r) = self.promoting {
+            t.push_str(&format!("promoting {r}\n"));
+        }
+        t
+    }
 }
 
 impl Follower {
@@ -86,7 +126,62 @@ impl Follower {
             revision: 0,
             restored_size: 0,
             stuck_since: None,
+            chain: None,
+            current_layout: Default::default(),
         }
+    }
+
+    /// Writes the marker (synced: a promotion under way must survive a crash).
+    fn mark(&self, promoting: Option<i64>) -> Result<(), String> {
+        let path = super::marker(&self.data);
+        let m = Marker {
+            chain: self.chain.map(|c| c.key()),
+            promoting,
+        };
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&path)?;
+            f.write_all(m.text(&self.cfg.store.to_string()).as_bytes())?;
+            f.sync_all()
+        };
+        write().map_err(|e| format!("write {}: {e}", path.display()))
+    }
+
+    /// A promotion that a crash interrupted (the marker says so): finished now, bump included
+    /// when it was not committed yet. `Some((backed-up revision, served revision))`.
+    pub fn interrupted_promotion(&mut self) -> Result<Option<(i64, i64)>, String> {
+        let Some(backed_up) = Marker::read(&super::marker(&self.data)).promoting else {
+            return Ok(None);
+        };
+        tracing::warn!(
+            backed_up_revision = backed_up,
+            "standby: a promotion was interrupted; finishing it"
+        );
+        let mut file =
+            MvccFile::open(&self.db()).map_err(|e| format!("open {}: {e}", self.db().display()))?;
+        let bump = self.cfg.restore_bump_revision;
+        let served = if file.revision() > backed_up || bump == 0 {
+            file.revision()
+        } else {
+            let to = file
+                .bump_and_mark_compacted(bump)
+                .map_err(|e| format!("bump the revision: {e}"))?;
+            file.commit()
+                .map_err(|e| format!("commit the bumped revision: {e}"))?;
+            to
+        };
+        let _ = std::fs::remove_file(super::marker(&self.data));
+        self.set(|s| {
+            s.state = State::Promoted;
+            s.revision = served;
+            s.promotion = Some(Promotion {
+                requested_at: Some(SystemTime::now()),
+                backed_up_revision: Some(backed_up),
+                revision: Some(served),
+                ..Promotion::default()
+            });
+        });
+        Ok(Some((backed_up, served)))
     }
 
     pub fn poll_interval(&self) -> Duration {
@@ -116,7 +211,7 @@ impl Follower {
         let result = if self.revision == 0 {
             self.resume_or_restore(reaper).await
         } else {
-            self.follow(reaper).await
+            self.follow(reaper, true).await
         };
         match result {
             Ok(()) => self.set(|s| s.last_error = None),
@@ -128,21 +223,22 @@ impl Follower {
     }
 
     async fn resume_or_restore(&mut self, reaper: &Reaper) -> Result<(), String> {
-        std::fs::write(
-            super::marker(&self.data),
-            format!("etcd-warden standby of {}\n", self.cfg.store),
-        )
-        .map_err(|e| format!("write {}: {e}", super::marker(&self.data).display()))?;
         if let Ok(file) = MvccFile::open(&self.db()) {
             self.revision = file.revision();
+            self.chain = Marker::read(&super::marker(&self.data))
+                .chain
+                .and_then(|k| SnapshotName::parse(&k).ok());
             self.restored_size = std::fs::metadata(self.db()).map_or(0, |m| m.len());
             tracing::info!(
                 revision = self.revision,
                 "standby: following the store from the data dir a previous run restored"
             );
         } else {
-            let (revision, seconds) = self.restore_into(reaper, &self.data.clone()).await?;
+            self.mark(None)?;
+            let (revision, full, seconds) = self.restore_into(reaper, &self.data.clone()).await?;
             self.revision = revision;
+            self.chain = Some(full);
+            self.mark(None)?;
             self.restored_size = std::fs::metadata(self.db()).map_or(0, |m| m.len());
             tracing::info!(
                 revision,
@@ -154,11 +250,16 @@ impl Follower {
             s.state = State::Following;
             s.revision = self.revision;
         });
-        self.follow(reaper).await
+        self.follow(reaper, true).await
     }
 
-    /// Restores the store's newest chain into `into` (missing or empty), unbumped.
-    async fn restore_into(&self, reaper: &Reaper, into: &std::path::Path) -> Result<(i64, f64), String> {
+    /// Restores the store's newest chain into `into` (missing or empty), unbumped: the revision
+    /// reached, the full it started from, the seconds it took.
+    async fn restore_into(
+        &self,
+        reaper: &Reaper,
+        into: &std::path::Path,
+    ) -> Result<(i64, SnapshotName, f64), String> {
         let store = self.store()?;
         let opts = RestoreOptions {
             progress: crate::telemetry::Progress::default(),
@@ -177,12 +278,13 @@ impl Follower {
         let report = crate::restore::restore(&store, &opts, reaper)
             .await
             .map_err(|e| crate::telemetry::error_chain(&e))?;
-        Ok((report.backed_up_revision, report.seconds))
+        let full = SnapshotName::parse(&report.full).map_err(|e| e.to_string())?;
+        Ok((report.backed_up_revision, full, report.seconds))
     }
 
     /// Lists the fulls, and the deltas of the chain the data dir's revision is in and of every
     /// newer full's chain: one listing each, however long the store's history.
-    async fn list(&self, store: &Store) -> Result<Listing, String> {
+    async fn list(&mut self, store: &Store) -> Result<Listing, String> {
         let err = |e: crate::store::StoreError| crate::telemetry::error_chain(&e);
         let fulls: Vec<SnapshotName> = store
             .list_fulls()
@@ -193,25 +295,25 @@ impl Follower {
             .filter(|n| n.is_own())
             .collect();
         let at = self.revision;
-        let base = fulls.iter().rfind(|f| f.last_revision() <= at).copied();
-        let newer: Vec<SnapshotName> = fulls.iter().filter(|f| f.last_revision() > at).copied().collect();
+        let (base, newer) = chains_to_list(&fulls, self.chain, at);
         let mut deltas: Vec<(SnapshotName, SnapshotName)> = Vec::new();
         for full in base.iter().chain(newer.iter()) {
-            for (d, _) in store.list_chain(full, &fulls).await.map_err(err)? {
+            let chain = full.chain();
+            let listed = match chain {
+                Some(c) if self.current_layout.contains(&c) => store.list_chain_dir(full).await,
+                _ => store.list_chain(full, &fulls).await,
+            }
+            .map_err(err)?;
+            if let Some(c) = chain
+                && listed.iter().all(|(d, _)| d.chain() == Some(c))
+            {
+                self.current_layout.insert(c);
+            }
+            for (d, _) in listed {
                 deltas.push((d, *full));
             }
         }
-        deltas.sort_by_key(|(d, _)| (first_revision(d), d.created_ms));
-        let mut next = Vec::new();
-        let mut chain_full = None;
-        let mut want = at + 1;
-        for (d, full) in &deltas {
-            if first_revision(d) <= want && d.last_revision() >= want {
-                chain_full.get_or_insert(*full);
-                next.push(*d);
-                want = d.last_revision() + 1;
-            }
-        }
+        let (next, chain_full) = continuing(at, base, &mut deltas);
         let objects = fulls
             .iter()
             .copied()
@@ -220,50 +322,70 @@ impl Follower {
         Ok(Listing {
             next,
             chain_full,
-            newer_full: !newer.is_empty(),
+            newer_full: fulls.iter().any(|f| f.last_revision() > at),
             objects,
         })
     }
 
-    /// Applies the deltas that continue the data dir; rebuilds it when none can and a newer full
-    /// exists (for a while), or when its file has grown too large.
-    async fn follow(&mut self, reaper: &Reaper) -> Result<(), String> {
+    /// Applies the deltas that continue the data dir; rebuilds it when none can (or they fail)
+    /// and a newer full exists, for a while; or, with `may_compact`, when its file has grown too
+    /// large.
+    async fn follow(&mut self, reaper: &Reaper, may_compact: bool) -> Result<(), String> {
         let store = self.store()?;
         let listing = self.list(&store).await?;
         self.note(&listing, self.revision);
+        let mut failed = None;
         if let Some(full) = listing.chain_full {
             let n = listing.next.len() as u64;
-            let (revision, applied) =
-                crate::restore::extend(&store, &self.db(), full, listing.next.clone()).await?;
-            tracing::debug!(
-                from = self.revision,
-                to = revision,
-                deltas = n,
-                "standby: deltas applied"
-            );
-            self.revision = revision;
-            self.stuck_since = None;
-            self.set(|s| {
-                s.revision = revision;
-                s.deltas_applied_total += n;
-                s.revisions_applied_total += applied;
-                s.last_applied_at = Some(SystemTime::now());
-            });
-            // What is left to apply, as of this listing.
-            self.note(&listing, revision);
-        } else if listing.newer_full {
+            match crate::restore::extend(&store, &self.db(), full, listing.next.clone()).await {
+                Ok((revision, applied)) => {
+                    tracing::debug!(
+                        from = self.revision,
+                        to = revision,
+                        deltas = n,
+                        "standby: deltas applied"
+                    );
+                    self.revision = revision;
+                    self.stuck_since = None;
+                    if self.chain != Some(full) {
+                        self.chain = Some(full);
+                        self.mark(None)?;
+                    }
+                    self.set(|s| {
+                        s.revision = revision;
+                        s.deltas_applied_total += n;
+                        s.revisions_applied_total += applied;
+                        s.last_applied_at = Some(SystemTime::now());
+                    });
+                    // What is left to apply, as of this listing.
+                    self.note(&listing, revision);
+                    return self.compact_if_grown(reaper, may_compact).await;
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        if listing.newer_full {
             let since = *self.stuck_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= STUCK_BEFORE_REBUILD.max(self.standby.poll * 3) {
                 tracing::warn!(
                     revision = self.revision,
                     store_revision = listing.store_revision(),
-                    "standby: no delta in the store continues the data dir's revision and a newer full exists (a chain break or a restore in the primary): rebuilding from the newest full"
+                    failed = failed.as_deref(),
+                    "standby: no delta in the store continues the data dir's revision (a chain break or a restore in the primary, or a delta that cannot be applied) and a newer full exists: rebuilding from the newest full"
                 );
                 return self.rebuild(reaper).await;
             }
         }
+        match failed {
+            Some(e) => Err(e),
+            None => self.compact_if_grown(reaper, may_compact).await,
+        }
+    }
+
+    /// Rebuilds the data dir when the appended pages grew its file past twice its restored size.
+    async fn compact_if_grown(&mut self, reaper: &Reaper, may_compact: bool) -> Result<(), String> {
         let size = std::fs::metadata(self.db()).map_or(0, |m| m.len());
-        if size > self.restored_size.saturating_mul(2) + GROWTH_SLACK {
+        if may_compact && size > self.restored_size.saturating_mul(2) + GROWTH_SLACK {
             tracing::info!(
                 size,
                 restored_size = self.restored_size,
@@ -300,7 +422,16 @@ impl Follower {
         let old = crate::etcd::dirs::beside(&self.data, ".standby-old");
         let _ = std::fs::remove_dir_all(&next);
         let _ = std::fs::remove_dir_all(&old);
-        let (revision, seconds) = self.restore_into(reaper, &next).await?;
+        let (revision, full, seconds) = self.restore_into(reaper, &next).await?;
+        if revision < self.revision {
+            // The newest chain could not be used whole (a corrupt or missing object): keep the
+            // newer data dir rather than go back in time.
+            let _ = std::fs::remove_dir_all(&next);
+            return Err(format!(
+                "the rebuild reached revision {revision} only, below the data dir's {}: the data dir is kept",
+                self.revision
+            ));
+        }
         std::fs::rename(&self.data, &old).map_err(|e| format!("move {} aside: {e}", self.data.display()))?;
         std::fs::rename(&next, &self.data)
             .map_err(|e| format!("move the rebuilt data dir into place: {e}"))?;
@@ -312,6 +443,8 @@ impl Follower {
             "standby: data dir rebuilt from the newest full"
         );
         self.revision = revision;
+        self.chain = Some(full);
+        self.mark(None)?;
         self.restored_size = std::fs::metadata(self.db()).map_or(0, |m| m.len());
         self.stuck_since = None;
         self.set(|s| {
@@ -339,7 +472,7 @@ impl Follower {
         }
         let caught_up = async {
             let store = self.store()?;
-            self.follow(reaper).await?;
+            self.follow(reaper, false).await?;
             let l = self.list(&store).await?;
             self.note(&l, self.revision);
             Ok::<Listing, String>(l)
@@ -386,6 +519,8 @@ impl Follower {
         self.set(|s| s.state = State::Promoting);
         let backed_up = self.revision;
         let bump = self.cfg.restore_bump_revision;
+        // A crash from here on finishes the promotion at the next start (`interrupted_promotion`).
+        self.mark(Some(backed_up))?;
         let served = {
             let mut file =
                 MvccFile::open(&self.db()).map_err(|e| format!("open {}: {e}", self.db().display()))?;
@@ -399,6 +534,7 @@ impl Follower {
                 .map_err(|e| format!("commit the bumped revision: {e}"))?;
             served
         };
+        crate::failpoint::die("standby-promote-after-bump");
         let _ = std::fs::remove_file(super::marker(&self.data));
         self.set(|s| {
             s.state = State::Promoted;
@@ -433,9 +569,151 @@ impl Follower {
     }
 }
 
+/// The fulls whose chains a poll lists: the followed one (while the store holds it), else the
+/// newest at or below `at`; and every full after it.
+fn chains_to_list(
+    fulls: &[SnapshotName],
+    followed: Option<SnapshotName>,
+    at: i64,
+) -> (Option<SnapshotName>, Vec<SnapshotName>) {
+    let base = match followed {
+        Some(c) if fulls.contains(&c) => Some(c),
+        _ => fulls.iter().rfind(|f| f.last_revision() <= at).copied(),
+    };
+    let order = |f: &SnapshotName| (f.last_revision(), f.created_ms);
+    let newer = fulls
+        .iter()
+        .filter(|f| base.is_none_or(|b| order(f) > order(&b)))
+        .copied()
+        .collect();
+    (base, newer)
+}
+
+/// The deltas (each with its chain's full) that continue revision `at`, in order, and the full of
+/// the last one's chain. Where two chains continue the same revision, `base`'s comes first.
+fn continuing(
+    at: i64,
+    base: Option<SnapshotName>,
+    deltas: &mut [(SnapshotName, SnapshotName)],
+) -> (Vec<SnapshotName>, Option<SnapshotName>) {
+    deltas.sort_by_key(|(d, full)| (first_revision(d), Some(*full) != base, d.created_ms));
+    let mut next = Vec::new();
+    let mut chain_full = None;
+    let mut want = at + 1;
+    for (d, full) in deltas.iter() {
+        if first_revision(d) <= want && d.last_revision() >= want {
+            chain_full = Some(*full);
+            next.push(*d);
+            want = d.last_revision() + 1;
+        }
+    }
+    (next, chain_full)
+}
+
 fn first_revision(n: &SnapshotName) -> i64 {
     match n.kind {
         crate::store::layout::Kind::Delta { first, .. } => first,
         crate::store::layout::Kind::Full { revision, .. } => revision,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full(revision: i64, created_ms: u64) -> SnapshotName {
+        SnapshotName::parse(&format!(
+            "v1/full/full-{revision:020}-{}-zstd-plain.ews",
+            crate::store::layout::format_time(created_ms)
+        ))
+        .unwrap()
+    }
+
+    fn delta(base: SnapshotName, first: i64, last: i64, created_ms: u64) -> (SnapshotName, SnapshotName) {
+        let chain = base.chain().unwrap();
+        let key = format!(
+            "{}/delta-{first:020}-{last:020}-{}-zstd-plain.ews",
+            crate::store::layout::delta_dir(chain.base, Some(chain.base_created_ms)),
+            crate::store::layout::format_time(created_ms)
+        );
+        (SnapshotName::parse(&key).unwrap(), base)
+    }
+
+    const T: u64 = 1_796_000_000_000;
+
+    /// A handover between writers: the new writer extends the chain of F0 while the old one's
+    /// late full F1 sits at a higher revision. A standby past F1's revision that follows F0 still
+    /// lists F0's chain and takes its deltas; the newest full at or below its revision alone
+    /// (F1) would have hidden them.
+    #[test]
+    fn the_followed_chain_is_listed_past_a_later_full_of_another_writer() {
+        let (f0, f1) = (full(10, T), full(50, T + 5_000));
+        let fulls = [f0, f1];
+        let (base, newer) = chains_to_list(&fulls, Some(f0), 60);
+        assert_eq!(base, Some(f0));
+        assert_eq!(newer, vec![f1]);
+        let (base_untracked, _) = chains_to_list(&fulls, None, 60);
+        assert_eq!(
+            base_untracked,
+            Some(f1),
+            "without the followed chain, F1 would be the base"
+        );
+        let mut deltas = vec![
+            delta(f0, 11, 60, T + 1_000),
+            delta(f0, 61, 70, T + 9_000),
+            delta(f0, 71, 75, T + 9_500),
+        ];
+        let (next, chain) = continuing(60, base, &mut deltas);
+        assert_eq!(
+            next.iter().map(|d| d.last_revision()).collect::<Vec<_>>(),
+            vec![70, 75]
+        );
+        assert_eq!(chain, Some(f0));
+    }
+
+    /// A periodic full: the old chain ends, the new one goes on; the deltas continue across, the
+    /// followed one preferred where both cover a revision, and a gap stops the run.
+    #[test]
+    fn deltas_continue_across_chains_in_order_and_stop_at_a_gap() {
+        let (f0, f1) = (full(10, T), full(30, T + 5_000));
+        let (base, newer) = chains_to_list(&[f0, f1], Some(f0), 20);
+        assert_eq!((base, newer.clone()), (Some(f0), vec![f1]));
+        let mut deltas = vec![
+            delta(f0, 21, 30, T + 4_000),
+            delta(f1, 31, 40, T + 6_000),
+            delta(f0, 31, 38, T + 6_500), // covers 31 too: the followed chain's comes first
+            delta(f1, 45, 50, T + 8_000), // after a gap (41..44 in no delta)
+        ];
+        let (next, chain) = continuing(20, base, &mut deltas);
+        assert_eq!(
+            next.iter()
+                .map(|d| (d.chain().unwrap().base, d.last_revision()))
+                .collect::<Vec<_>>(),
+            vec![(10, 30), (10, 38), (30, 40)]
+        );
+        assert_eq!(chain, Some(f1), "the chain followed from then on");
+        let (none, no_chain) = continuing(50, Some(f1), &mut deltas);
+        assert!(none.is_empty() && no_chain.is_none());
+    }
+
+    #[test]
+    fn the_marker_keeps_the_chain_and_a_promotion_under_way() {
+        let m = Marker {
+            chain: Some("v1/full/full-00000000000000000007-20261204T163759528Z-zstd-plain.ews".into()),
+            promoting: Some(812),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data.standby");
+        std::fs::write(&path, m.text("s3://copy/etcd")).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.starts_with("etcd-warden standby of s3://copy/etcd\n"),
+            "{text}"
+        );
+        assert_eq!(Marker::read(&path), m);
+        // The first line alone (a standby of an older release): nothing under way.
+        std::fs::write(&path, "etcd-warden standby of s3://copy/etcd\n").unwrap();
+        assert_eq!(Marker::read(&path), Marker::default());
+        assert_eq!(Marker::read(&dir.path().join("missing")), Marker::default());
     }
 }

@@ -120,12 +120,26 @@ pub fn check_usage(cfg: &RunConfig) -> Result<(), String> {
     let data = std::env::current_dir()
         .unwrap_or_else(|_| "/".into())
         .join(&cfg.etcd.data_dir);
-    if let Some(wal) = cfg.etcd.wal_path()
-        && !wal.starts_with(&data)
+    if let Some(wal) = cfg.etcd.wal_path() {
+        return Err(format!(
+            "standby: --wal-dir {}: a standby rebuilds its data dir whole and keeps the WAL in it, where etcd looks without --wal-dir (drop --wal-dir)",
+            wal.display()
+        ));
+    }
+    let store = cfg.store.to_string();
+    if let Ok(text) = std::fs::read_to_string(marker(&data))
+        && let Some(followed) = text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("etcd-warden standby of "))
+        && followed.trim() != store
     {
         return Err(format!(
-            "standby: --wal-dir {} is outside the data dir: a standby rebuilds its data dir whole and keeps the WAL inside it (drop --wal-dir)",
-            wal.display()
+            "standby: the data dir {} follows {} , not --store {store}: remove {} and {} to restore from the new store (both are the standby's own), or give the old --store",
+            data.display(),
+            followed.trim(),
+            data.display(),
+            marker(&data).display()
         ));
     }
     if !crate::restore::execute::is_empty_dir(&data) && !marker(&data).exists() {

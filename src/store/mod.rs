@@ -323,6 +323,23 @@ impl Store {
         Ok(v)
     }
 
+    /// The deltas in the directory of the chain that `full` starts (the current layout only, not the
+    /// older-layout directory `list_chain` reads too): one listing. By first revision.
+    pub async fn list_chain_dir(
+        &self,
+        full: &SnapshotName,
+    ) -> Result<Vec<(SnapshotName, ObjectMeta)>, StoreError> {
+        let Some(chain) = full.chain().filter(|_| full.is_full()) else {
+            return Ok(Vec::new());
+        };
+        let mut v = self
+            .list_dir(&layout::delta_dir(chain.base, Some(chain.base_created_ms)))
+            .await?;
+        v.retain(|(n, _)| n.chain() == Some(chain));
+        sort_chain(&mut v);
+        Ok(v)
+    }
+
     /// The newest full snapshot (by revision, then creation time) and its chain's deltas, by first
     /// revision; `None` when the store holds no full snapshot.
     #[allow(clippy::type_complexity)]
