@@ -206,6 +206,12 @@ pub const METRICS: &[Metric] = &[
         help: "How long ago the oldest object the standby has not applied was written (0 when caught up).",
     },
     Metric {
+        name: "etcd_warden_standby_apply_delay_seconds",
+        kind: MetricKind::Gauge,
+        present: "on a standby, after its first applied delta, until promoted",
+        help: "From the primary writing the last delta the standby applied to its being in the standby's data dir (the copy, the poll, the write).",
+    },
+    Metric {
         name: "etcd_warden_standby_promotion_seconds",
         kind: MetricKind::Gauge,
         present: "on a promoted standby, once etcd is ready",
@@ -574,10 +580,14 @@ fn standby_families(shared: &Shared) -> Vec<Family> {
             .map(|secs| vec![Family::of("etcd_warden_standby_promotion_seconds", one(secs))])
             .unwrap_or_default();
     }
-    vec![
+    let mut out = vec![
         Family::of("etcd_warden_standby_lag_revisions", one(s.lag_revisions as f64)),
         Family::of("etcd_warden_standby_lag_seconds", one(s.lag_seconds)),
-    ]
+    ];
+    if let Some(d) = s.apply_delay_seconds {
+        out.push(Family::of("etcd_warden_standby_apply_delay_seconds", one(d)));
+    }
+    out
 }
 
 /// Backup health (rule 1: shown here, never in readiness).

@@ -351,11 +351,18 @@ impl Follower {
                         self.chain = Some(full);
                         self.mark(None)?;
                     }
+                    let now = SystemTime::now();
+                    let delay = listing
+                        .next
+                        .last()
+                        .and_then(|d| now.duration_since(d.created()).ok())
+                        .map(|d| d.as_secs_f64());
                     self.set(|s| {
                         s.revision = revision;
                         s.deltas_applied_total += n;
                         s.revisions_applied_total += applied;
-                        s.last_applied_at = Some(SystemTime::now());
+                        s.last_applied_at = Some(now);
+                        s.apply_delay_seconds = delay;
                     });
                     // What is left to apply, as of this listing.
                     self.note(&listing, revision);

@@ -75,7 +75,8 @@ pub struct StandbyStatus {
     /// The newest revision the store holds.
     pub store_revision: i64,
     pub lag_revisions: i64,
-    /// How long ago the oldest object not applied yet was written (0: nothing to apply).
+    /// How long ago the oldest object not applied yet was written, as of the last poll (0: it
+    /// applied everything it listed).
     pub lag_seconds: f64,
     /// The store's newest object and when it was written (the primary's clock, from its name).
     pub store_head: Option<String>,
@@ -83,6 +84,9 @@ pub struct StandbyStatus {
     pub store_head_at: Option<SystemTime>,
     #[serde(with = "crate::telemetry::opt_unix_seconds")]
     pub last_applied_at: Option<SystemTime>,
+    /// From the primary writing the last delta applied to its being in the data dir: the copy, the
+    /// wait for the poll and the write. The standby is this much plus one delta period behind etcd.
+    pub apply_delay_seconds: Option<f64>,
     pub deltas_applied_total: u64,
     pub revisions_applied_total: u64,
     /// Rebuilds from the newest full (the first restore not counted).
