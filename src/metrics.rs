@@ -206,6 +206,12 @@ pub const METRICS: &[Metric] = &[
         help: "How long ago the oldest object the standby has not applied was written (0 when caught up).",
     },
     Metric {
+        name: "etcd_warden_standby_listed_age_seconds",
+        kind: MetricKind::Gauge,
+        present: "on a standby, after its first listing of the store, until promoted",
+        help: "Seconds since the standby last listed its store (it polls every --standby-poll): high when it cannot read the store, so its lag is unknown.",
+    },
+    Metric {
         name: "etcd_warden_standby_apply_delay_seconds",
         kind: MetricKind::Gauge,
         present: "on a standby, after its first applied delta, until promoted",
@@ -584,6 +590,15 @@ fn standby_families(shared: &Shared) -> Vec<Family> {
         Family::of("etcd_warden_standby_lag_revisions", one(s.lag_revisions as f64)),
         Family::of("etcd_warden_standby_lag_seconds", one(s.lag_seconds)),
     ];
+    if let Some(age) = s
+        .last_listed_at
+        .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
+    {
+        out.push(Family::of(
+            "etcd_warden_standby_listed_age_seconds",
+            one(age.as_secs_f64()),
+        ));
+    }
     if let Some(d) = s.apply_delay_seconds {
         out.push(Family::of("etcd_warden_standby_apply_delay_seconds", one(d)));
     }

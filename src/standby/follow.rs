@@ -419,6 +419,7 @@ impl Follower {
             s.lag_seconds = lag_seconds;
             s.store_head = head.map(|h| h.key());
             s.store_head_at = head.map(|h| h.created());
+            s.last_listed_at = Some(SystemTime::now());
         });
     }
 

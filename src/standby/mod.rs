@@ -82,6 +82,10 @@ pub struct StandbyStatus {
     pub store_head: Option<String>,
     #[serde(with = "crate::telemetry::opt_unix_seconds")]
     pub store_head_at: Option<SystemTime>,
+    /// The last time the store was listed: a standby that cannot read its store cannot know how far
+    /// behind it is.
+    #[serde(with = "crate::telemetry::opt_unix_seconds")]
+    pub last_listed_at: Option<SystemTime>,
     #[serde(with = "crate::telemetry::opt_unix_seconds")]
     pub last_applied_at: Option<SystemTime>,
     /// From the primary writing the last delta applied to its being in the data dir: the copy, the
