@@ -116,9 +116,11 @@ fn run_command(
             return EX_USAGE;
         }
     };
-    if config.standby.is_some()
-        && let Err(e) = etcd_warden::standby::check_usage(&config)
-    {
+    let checked = match config.standby {
+        Some(_) => etcd_warden::standby::check_usage(&config),
+        None => etcd_warden::standby::check_not_a_standby(&config),
+    };
+    if let Err(e) = checked {
         eprintln!("etcd-warden: {e}");
         return EX_USAGE;
     }

@@ -229,6 +229,22 @@ fn a_standby_on_a_members_data_or_in_a_cluster_is_refused_with_64() {
     std::fs::remove_dir_all(&data).unwrap();
     let err = standby(&["--wal-dir", dir.path().join("wal").to_str().unwrap()]);
     assert!(err.contains("--wal-dir"), "{err}");
+    // `run` on a standby's data dir that was never promoted: refused, the data untouched.
+    std::fs::create_dir_all(data.join("member/snap")).unwrap();
+    std::fs::write(data.join("member/snap/db"), b"a standby's data").unwrap();
+    let marker = dir.path().join("data.standby");
+    std::fs::write(&marker, format!("etcd-warden standby of {store}\n")).unwrap();
+    let err = refused_run(dir.path(), &["--store", &store]);
+    assert!(
+        err.contains("is a standby's") && err.contains("ctl promote"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(data.join("member/snap/db")).unwrap(),
+        b"a standby's data"
+    );
+    std::fs::remove_dir_all(&data).unwrap();
+    std::fs::remove_file(&marker).unwrap();
     assert!(!data.exists(), "nothing created");
     let left: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()

@@ -257,9 +257,15 @@ fn a_standby_follows_the_copy_within_a_period_and_is_promoted_in_seconds_after_t
         "the standby's lag is in /metrics"
     );
     let listed = metric(&standby, "etcd_warden_standby_listed_age_seconds").unwrap();
-    assert!(listed < 3.0, "the standby lists its store every poll: {listed} s since");
+    assert!(
+        listed < 3.0,
+        "the standby lists its store every poll: {listed} s since"
+    );
     let delay = metric(&standby, "etcd_warden_standby_apply_delay_seconds").unwrap();
-    assert!(delay < 3.0, "a delta reaches the standby within a poll and the copy: {delay} s");
+    assert!(
+        delay < 3.0,
+        "a delta reaches the standby within a poll and the copy: {delay} s"
+    );
     let rss = metric(&standby, "etcd_warden_resident_memory_bytes").unwrap_or(0.0) / 1048576.0;
     eprintln!(
         "standby lag under steady writes: worst {worst_seconds:.2} s, {worst_behind} revisions behind ({samples} samples, period {PERIOD:?}); the standby's RSS {rss:.1} MiB"

@@ -160,6 +160,24 @@ pub fn check_usage(cfg: &RunConfig) -> Result<(), String> {
     Ok(())
 }
 
+/// What `run` refuses (exit 64): a standby's data dir, never promoted. etcd started on it as it is
+/// would hand out revision numbers the primary already handed out (no bump).
+pub fn check_not_a_standby(cfg: &RunConfig) -> Result<(), String> {
+    let data = std::env::current_dir()
+        .unwrap_or_else(|_| "/".into())
+        .join(&cfg.etcd.data_dir);
+    let m = marker(&data);
+    if m.exists() {
+        return Err(format!(
+            "the data dir {} is a standby's ({} exists) and was never promoted: run `etcd-warden standby` on it and promote it (`ctl promote`), which raises its revision above the primary's; or remove {} to start etcd on it as it is (nothing was changed)",
+            data.display(),
+            m.display(),
+            m.display()
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
