@@ -37,21 +37,6 @@ fn request(addr: &str, method: &str, path: &str, headers: &[&str]) -> (u16, Stri
     )
 }
 
-fn ctl(socket: &std::path::Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(WARDEN)
-        .arg("ctl")
-        .arg("--admin-socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn admin_socket_ctl_and_tcp_token() {
     let etcd = default_etcd();

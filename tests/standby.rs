@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -52,24 +51,6 @@ fn timed_writer(ip: &str, stop: Arc<AtomicBool>, acks: Arc<Mutex<Vec<Ack>>>) -> 
     })
 }
 
-fn ctl(socket: &std::path::Path, args: &[&str]) -> (i32, String) {
-    let out = Command::new(WARDEN)
-        .arg("ctl")
-        .arg("--admin-socket")
-        .arg(socket)
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
 /// moto's request log counted by what the warden did: `GET primary delta` (a delta object read
 /// from the `primary` bucket), `PUT copy delta`, `LIST copy`, …
 fn requests(log: &std::path::Path) -> std::collections::HashMap<String, u64> {
@@ -97,13 +78,6 @@ fn requests(log: &std::path::Path) -> std::collections::HashMap<String, u64> {
         *out.entry(what).or_insert(0) += 1;
     }
     out
-}
-
-fn metric(w: &Warden, name: &str) -> Option<f64> {
-    let (_, body) = w.get("/metrics").expect("warden answers /metrics");
-    body.lines()
-        .find(|l| l.starts_with(name) && !l.starts_with('#'))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 /// The primary writes to `s3://primary` and copies to `s3://copy`; the standby follows
@@ -253,26 +227,27 @@ fn a_standby_follows_the_copy_within_a_period_and_is_promoted_in_seconds_after_t
         "no etcd listens on the standby's client address before promotion"
     );
     assert!(
-        metric(&standby, "etcd_warden_standby_lag_revisions").is_some(),
+        standby.metric("etcd_warden_standby_lag_revisions").is_some(),
         "the standby's lag is in /metrics"
     );
-    let listed = metric(&standby, "etcd_warden_standby_listed_age_seconds").unwrap();
+    let listed = standby.metric("etcd_warden_standby_listed_age_seconds").unwrap();
     assert!(
         listed < 3.0,
         "the standby lists its store every poll: {listed} s since"
     );
-    let delay = metric(&standby, "etcd_warden_standby_apply_delay_seconds").unwrap();
+    let delay = standby.metric("etcd_warden_standby_apply_delay_seconds").unwrap();
     assert!(
         delay < 3.0,
         "a delta reaches the standby within a poll and the copy: {delay} s"
     );
-    let rss = metric(&standby, "etcd_warden_resident_memory_bytes").unwrap_or(0.0) / 1048576.0;
+    let rss = standby.metric("etcd_warden_resident_memory_bytes").unwrap_or(0.0) / 1048576.0;
     eprintln!(
         "standby lag under steady writes: worst {worst_seconds:.2} s, {worst_behind} revisions behind ({samples} samples, period {PERIOD:?}); the standby's RSS {rss:.1} MiB"
     );
 
     // The primary still writes: no promotion.
-    let (code, out) = ctl(&socket, &["promote"]);
+    let (code, out, err) = ctl(&socket, &["promote"]);
+    let out = format!("{out}{err}");
     assert_eq!(code, 1, "promotion refused while the primary writes: {out}");
     assert!(out.contains("still writing"), "{out}");
     assert_eq!(standby.status()["standby"]["state"], "following");
@@ -300,7 +275,8 @@ fn a_standby_follows_the_copy_within_a_period_and_is_promoted_in_seconds_after_t
         },
     );
     let asked = Instant::now();
-    let (code, out) = ctl(&socket, &["promote"]);
+    let (code, out, err) = ctl(&socket, &["promote"]);
+    let out = format!("{out}{err}");
     let took = asked.elapsed();
     assert_eq!(code, 0, "promotion: {out}\n{}", standby.log_text());
     assert!(out.contains("promoted"), "{out}");

@@ -74,6 +74,8 @@ pub struct Follower {
     /// Chains listed once with their older-layout directory and found to have nothing there: later
     /// polls list their own directory only (a writer of this layout never writes the older one).
     current_layout: std::collections::HashSet<crate::store::layout::ChainId>,
+    /// The store, while it answers (`store()`).
+    open: Option<Store>,
 }
 
 /// What `<data-dir>.standby` records: the chain followed, and a promotion under way.
@@ -128,6 +130,7 @@ impl Follower {
             stuck_since: None,
             chain: None,
             current_layout: Default::default(),
+            open: None,
         }
     }
 
@@ -200,8 +203,15 @@ impl Follower {
         });
     }
 
-    fn store(&self) -> Result<Store, String> {
-        crate::restore::startup::open_store(&self.cfg)
+    /// The store, opened once and kept (one HTTP client for every poll); opened afresh, the
+    /// credentials read again, after a failed step.
+    fn store(&mut self) -> Result<Store, String> {
+        if let Some(s) = &self.open {
+            return Ok(s.clone());
+        }
+        let s = crate::restore::startup::open_store(&self.cfg)?;
+        self.open = Some(s.clone());
+        Ok(s)
     }
 
     /// One step: the first restore when the data dir holds none yet, else the new deltas (or a
@@ -216,6 +226,7 @@ impl Follower {
         match result {
             Ok(()) => self.set(|s| s.last_error = None),
             Err(e) => {
+                self.open = None;
                 tracing::warn!(error = %e, "standby: the store could not be followed this time; trying again");
                 self.set(|s| s.last_error = Some(e));
             }
@@ -256,7 +267,7 @@ impl Follower {
     /// Restores the store's newest chain into `into` (missing or empty), unbumped: the revision
     /// reached, the full it started from, the seconds it took.
     async fn restore_into(
-        &self,
+        &mut self,
         reaper: &Reaper,
         into: &std::path::Path,
     ) -> Result<(i64, SnapshotName, f64), String> {
@@ -486,6 +497,9 @@ impl Follower {
             Ok::<Listing, String>(l)
         }
         .await;
+        if caught_up.is_err() {
+            self.open = None;
+        }
         let listing = match caught_up {
             Ok(l) => Some(l),
             Err(e) if force => {

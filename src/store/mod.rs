@@ -309,10 +309,7 @@ impl Store {
         let Some(chain) = full.chain().filter(|_| full.is_full()) else {
             return Ok(Vec::new());
         };
-        let mut v = self
-            .list_dir(&layout::delta_dir(chain.base, Some(chain.base_created_ms)))
-            .await?;
-        v.retain(|(n, _)| n.chain() == Some(chain));
+        let mut v = self.list_chain_dir(full).await?;
         let legacy = self.list_dir(&layout::delta_dir(chain.base, None)).await?;
         v.extend(
             legacy

@@ -324,6 +324,14 @@ impl Warden {
         st.code().unwrap_or_else(|| 128 + st.signal().unwrap_or(0))
     }
 
+    /// The value of the first sample of `name` in /metrics.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics").expect("warden answers /metrics");
+        body.lines()
+            .find(|l| l.starts_with(name) && !l.starts_with('#'))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -408,6 +416,22 @@ impl Drop for Warden {
             );
         }
     }
+}
+
+/// `etcd-warden ctl --admin-socket SOCKET ARGS`: exit code, stdout, stderr.
+pub fn ctl(socket: &Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(WARDEN)
+        .arg("ctl")
+        .arg("--admin-socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// `etcdctl` (API v3) against `ip`.
