@@ -51,9 +51,21 @@ impl PrivateEtcd {
         log_path: &Path,
         scratch: bool,
     ) -> Result<Self, String> {
-        let mut me = Self::spawn(reaper, etcd, data, wal, name, log_path, scratch).await?;
-        me.wait_up().await?;
-        Ok(me)
+        // Its ports are free when picked and bound only when etcd starts: another process can
+        // take one meanwhile. That says nothing about the data dir (a validation must not call it
+        // broken): pick other ports and start again.
+        let mut attempts = 0;
+        loop {
+            let mut me = Self::spawn(reaper, etcd, data, wal, name, log_path, scratch).await?;
+            match me.wait_up().await {
+                Ok(()) => return Ok(me),
+                Err(e) if e.contains("address already in use") && attempts < 3 => {
+                    attempts += 1;
+                    tracing::warn!(error = %e, "a port picked for the private etcd was taken meanwhile; starting it on other ports");
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// `start` without the wait: for a caller that may be cancelled while etcd comes up (the
