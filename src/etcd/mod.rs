@@ -9,6 +9,7 @@ pub mod flags;
 pub mod health;
 pub mod ports;
 pub mod private;
+pub mod private_tls;
 pub mod proto;
 pub mod version;
 

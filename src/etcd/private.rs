@@ -1,5 +1,8 @@
 //! A throwaway etcd on loopback ports that only the warden knows: the start-up check's validation,
-//! the replay of deltas, deep verify and drills, and the fenced final snapshot.
+//! the replay of deltas, deep verify and drills, and the fenced final snapshot. Its client and peer
+//! listeners speak TLS and demand a certificate only the warden has (`super::private_tls`), which
+//! etcd also takes as its `root` user: the warden reads it whatever auth the data has, and no other
+//! local user can.
 
 use std::path::Path;
 use std::process::Command;
@@ -7,7 +10,26 @@ use std::time::{Duration, Instant};
 
 use etcd_client::Client;
 
+use super::private_tls::PrivateTls;
 use crate::pid1::{ExitStatus, Reaper, run_to_completion};
+
+/// Why a private etcd did not come up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartError {
+    /// etcd itself exited at start: it refused the data (or its flags). Otherwise nothing was
+    /// learnt of the data (no answer in time, no process), which is no evidence against it.
+    pub refused: bool,
+    pub message: String,
+}
+
+impl StartError {
+    fn unknown(message: String) -> Self {
+        Self {
+            refused: false,
+            message,
+        }
+    }
+}
 
 /// A throwaway etcd on loopback ports that only the restore knows.
 pub struct PrivateEtcd {
@@ -16,6 +38,9 @@ pub struct PrivateEtcd {
     endpoint: String,
     log_path: std::path::PathBuf,
     stopped: bool,
+    /// Dropped (its files removed) after the process: declared after `stopped`, dropped after
+    /// `Drop::drop` has killed it.
+    tls: PrivateTls,
 }
 
 impl Drop for PrivateEtcd {
@@ -51,17 +76,38 @@ impl PrivateEtcd {
         log_path: &Path,
         scratch: bool,
     ) -> Result<Self, String> {
+        Self::start_checked(reaper, etcd, data, wal, name, log_path, scratch)
+            .await
+            .map_err(|e| e.message)
+    }
+
+    /// `start`, telling etcd's refusal of the data (it exited at start) from a failure to learn
+    /// anything (no answer in time, no process): only the first is evidence against the data.
+    pub async fn start_checked(
+        reaper: &Reaper,
+        etcd: &Path,
+        data: &Path,
+        wal: Option<&Path>,
+        name: &str,
+        log_path: &Path,
+        scratch: bool,
+    ) -> Result<Self, StartError> {
         // Its ports are free when picked and bound only when etcd starts: another process can
         // take one meanwhile. That says nothing about the data dir (a validation must not call it
         // broken): pick other ports and start again.
         let mut attempts = 0;
         loop {
-            let mut me = Self::spawn(reaper, etcd, data, wal, name, log_path, scratch).await?;
-            match me.wait_up().await {
+            let mut me = Self::spawn(reaper, etcd, data, wal, name, log_path, scratch)
+                .await
+                .map_err(StartError::unknown)?;
+            match me.come_up().await {
                 Ok(()) => return Ok(me),
-                Err(e) if e.contains("address already in use") && attempts < 3 => {
+                Err(e) if e.message.contains("address already in use") && attempts < 3 => {
                     attempts += 1;
-                    tracing::warn!(error = %e, "a port picked for the private etcd was taken meanwhile; starting it on other ports");
+                    tracing::warn!(error = %e.message, "a port picked for the private etcd was taken meanwhile; starting it on other ports");
+                }
+                Err(e) if e.message.contains("address already in use") => {
+                    return Err(StartError::unknown(e.message));
                 }
                 Err(e) => return Err(e),
             }
@@ -99,7 +145,11 @@ impl PrivateEtcd {
             }
         };
         let (client_port, peer_port) = (free_port()?, free_port()?);
-        let endpoint = format!("http://127.0.0.1:{client_port}");
+        let endpoint = format!("https://127.0.0.1:{client_port}");
+        let tls = PrivateTls::create(&super::dirs::beside(
+            data,
+            &format!(".private-tls-{}", fastrand::u64(..)),
+        ))?;
         let (_, version, _) = run_to_completion(reaper, Command::new(etcd).arg("--version"))
             .await
             .map_err(|e| format!("run {} --version: {e}", etcd.display()))?;
@@ -118,7 +168,21 @@ impl PrivateEtcd {
             .arg("--advertise-client-urls")
             .arg(&endpoint)
             .arg("--listen-peer-urls")
-            .arg(format!("http://127.0.0.1:{peer_port}"))
+            .arg(format!("https://127.0.0.1:{peer_port}"))
+            .arg("--client-cert-auth")
+            .arg("--trusted-ca-file")
+            .arg(tls.ca())
+            .arg("--cert-file")
+            .arg(tls.cert())
+            .arg("--key-file")
+            .arg(tls.key())
+            .arg("--peer-client-cert-auth")
+            .arg("--peer-trusted-ca-file")
+            .arg(tls.ca())
+            .arg("--peer-cert-file")
+            .arg(tls.cert())
+            .arg("--peer-key-file")
+            .arg(tls.key())
             .arg("--log-level")
             .arg("error")
             .arg("--quota-backend-bytes")
@@ -152,18 +216,31 @@ impl PrivateEtcd {
             endpoint,
             log_path,
             stopped: false,
+            tls,
         })
     }
 
     /// Waits until it answers a read. On an error it has exited (or been stopped).
     pub async fn wait_up(&mut self) -> Result<(), String> {
+        self.come_up().await.map_err(|e| e.message)
+    }
+
+    async fn come_up(&mut self) -> Result<(), StartError> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(status) = self.exit.try_recv() {
                 self.stopped = true;
                 let log = std::fs::read_to_string(&self.log_path).unwrap_or_default();
                 let tail: String = log.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
-                return Err(format!("the private etcd exited at start ({status}): {tail}"));
+                let message = format!("the private etcd exited at start ({status}): {tail}");
+                // Killed by a signal (the OOM killer, an operator): etcd said nothing of the data.
+                return Err(match status {
+                    ExitStatus::Code(_) => StartError {
+                        refused: true,
+                        message,
+                    },
+                    _ => StartError::unknown(message),
+                });
             }
             if let Ok(mut c) = self.client().await
                 && revision(&mut c, true).await.is_ok()
@@ -172,16 +249,25 @@ impl PrivateEtcd {
             }
             if Instant::now() > deadline {
                 self.halt().await;
-                return Err("the private etcd did not come up within 60 s".into());
+                return Err(StartError::unknown(
+                    "the private etcd did not answer within 60 s".into(),
+                ));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
     pub async fn client(&self) -> Result<Client, String> {
+        let tls = etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(&self.tls.ca_pem))
+            .identity(etcd_client::Identity::from_pem(
+                &self.tls.client_cert_pem,
+                &self.tls.client_key_pem,
+            ));
         let opts = etcd_client::ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(Duration::from_secs(30));
+            .with_timeout(Duration::from_secs(30))
+            .with_tls(tls);
         Client::connect([self.endpoint.as_str()], Some(opts))
             .await
             .map_err(|e| format!("connect to the private etcd: {e}"))

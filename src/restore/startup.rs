@@ -52,13 +52,27 @@ fn aside(why: &str) -> String {
     )
 }
 
-/// A present data dir, validated by a private etcd: its revision, or why it does not start.
+/// The revision of the data dir's db file, read offline (no etcd): the floor nothing may restore
+/// below. `None` when there is no db file or it cannot be read.
+pub fn offline_revision(dirs: &MemberDirs) -> Option<i64> {
+    let db = dirs.data.join("member/snap/db");
+    match super::mvcc::MvccFile::open(&db) {
+        Ok(f) => Some(f.revision()),
+        Err(e) => {
+            tracing::warn!(db = %db.display(), error = %e, "cannot read the data dir's db file offline");
+            None
+        }
+    }
+}
+
+/// A present data dir, validated by a private etcd: its revision, why etcd refused it, or why
+/// nothing could be learnt (which is no evidence against it).
 pub async fn validate(cfg: &RunConfig, reaper: &Reaper, dirs: &MemberDirs) -> Local {
     // Beside the data dir: writable wherever the data dir's parent is (a FROM-scratch image has
     // no /tmp).
     let log = beside(&dirs.data, ".validate.log");
     let check = async {
-        let private = PrivateEtcd::start(
+        let private = PrivateEtcd::start_checked(
             reaper,
             &cfg.launch.program,
             &dirs.data,
@@ -67,7 +81,8 @@ pub async fn validate(cfg: &RunConfig, reaper: &Reaper, dirs: &MemberDirs) -> Lo
             &log,
             false,
         )
-        .await?;
+        .await
+        .map_err(|e| (e.refused, e.message))?;
         let rev = async {
             let mut c = private.client().await?;
             crate::etcd::private::revision(&mut c, true)
@@ -76,13 +91,14 @@ pub async fn validate(cfg: &RunConfig, reaper: &Reaper, dirs: &MemberDirs) -> Lo
         }
         .await;
         private.stop().await;
-        rev
+        rev.map_err(|e| (false, e))
     }
     .await;
     let _ = std::fs::remove_file(&log);
     match check {
         Ok(rev) => Local::At(rev),
-        Err(e) => Local::Broken(e),
+        Err((true, e)) => Local::Broken(e),
+        Err((false, e)) => Local::Unknown(e),
     }
 }
 

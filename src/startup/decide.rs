@@ -17,7 +17,9 @@
 //! | — | single | present | newest backup N | validate it with a private etcd |
 //! | — | single | at revision R ≥ N | newest backup N | start etcd on it |
 //! | — | single | at revision R < N | newest backup N | move it aside (behind), restore, never below R |
-//! | — | single | broken | newest backup N | move it aside (broken), restore |
+//! | — | single | broken (etcd refused it) | newest backup N | move it aside (broken), restore, never below its db file's revision |
+//! | — | single | unknown, db file at D ≥ N | newest backup N | start etcd on it |
+//! | — | single | unknown, db file below N or unreadable | newest backup N | wait, change nothing, validate again |
 //! | — | cluster | any | no quorum, plan unreadable | wait |
 //! | — | cluster | any | a plan that applies | restore by the plan |
 //! | — | cluster | sound | quorum; our entry has other peer URLs | a learner: wait; a voter: update the URLs |
@@ -44,8 +46,11 @@ pub enum Local {
     Sound,
     /// Validated: a private etcd served it at this revision.
     At(i64),
-    /// etcd cannot start on it: why.
+    /// etcd cannot start on it: why (etcd's own refusal).
     Broken(String),
+    /// The private etcd could not be asked (no answer in time, no process): no evidence either
+    /// way, so nothing may be moved or restored on it.
+    Unknown(String),
 }
 
 /// The entry of this member in the cluster's member list.
@@ -78,6 +83,9 @@ pub struct Facts {
     /// More than one member (flags, or the data dir's own membership).
     pub cluster: bool,
     pub local: Local,
+    /// The revision of the data dir's db file, read offline (`None`: missing or unreadable): the
+    /// floor no restore may go below, whatever the private etcd said or failed to say.
+    pub offline: Option<i64>,
     /// Single member: the newest revision a restore would reach (`Ok(None)`: no backup); `None`
     /// while not asked.
     pub newest_backup: Option<Result<Option<i64>, String>>,
@@ -99,6 +107,7 @@ impl Facts {
             left: None,
             cluster,
             local,
+            offline: None,
             newest_backup: None,
             plan: None,
             peers: Peers::default(),
@@ -191,11 +200,22 @@ fn single(f: &Facts) -> Action {
         Local::At(r) if *r >= newest => Action::Start(format!("local revision {r} ≥ newest backup {newest}")),
         Local::At(r) => Action::Restore {
             aside: Some(Aside::Behind),
-            floor: Some(*r),
+            floor: Some((*r).max(f.offline.unwrap_or(0))),
         },
         Local::Broken(_) => Action::Restore {
             aside: Some(Aside::Broken),
-            floor: None,
+            floor: f.offline,
+        },
+        Local::Unknown(why) => match f.offline {
+            Some(d) if d >= newest => Action::Start(format!(
+                "the data dir could not be validated ({why}), but its db file is at revision {d} ≥ newest backup {newest}"
+            )),
+            Some(d) => Action::Wait(format!(
+                "the data dir could not be validated ({why}) and its db file is at revision {d}, below the newest backup {newest} (its WAL may hold more): nothing moved or restored; validating again"
+            )),
+            None => Action::Wait(format!(
+                "the data dir could not be validated ({why}) and its db file cannot be read offline: nothing moved or restored; validating again"
+            )),
         },
     }
 }
@@ -278,6 +298,13 @@ mod tests {
         }
     }
 
+    fn offline(f: Facts, revision: i64) -> Facts {
+        Facts {
+            offline: Some(revision),
+            ..f
+        }
+    }
+
     fn member(local: Local, quorum: bool) -> Facts {
         Facts {
             peers: Peers {
@@ -340,6 +367,34 @@ mod tests {
                     aside: Some(Aside::Broken),
                     floor: None,
                 },
+            ),
+            // The db file's own revision is the floor, whatever the private etcd said.
+            (
+                offline(single(Local::Broken("x".into()), Some(Ok(Some(10)))), 7),
+                Restore {
+                    aside: Some(Aside::Broken),
+                    floor: Some(7),
+                },
+            ),
+            (
+                offline(single(Local::At(5), Some(Ok(Some(10)))), 8),
+                Restore {
+                    aside: Some(Aside::Behind),
+                    floor: Some(8),
+                },
+            ),
+            // Nothing learnt is no evidence: never moved aside or restored on that.
+            (
+                single(Local::Unknown("timeout".into()), Some(Ok(Some(10)))),
+                Wait(String::new()),
+            ),
+            (
+                offline(single(Local::Unknown("timeout".into()), Some(Ok(Some(10)))), 9),
+                Wait(String::new()),
+            ),
+            (
+                offline(single(Local::Unknown("timeout".into()), Some(Ok(Some(10)))), 10),
+                Start(String::new()),
             ),
         ];
         for (f, want) in rows {

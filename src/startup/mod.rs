@@ -131,9 +131,14 @@ async fn single_round(
     member: &watch::Sender<Option<String>>,
     store_delay: &mut Duration,
 ) -> Result<Option<Decision>, String> {
+    let local = crate::restore::startup::local_fact(dirs);
+    let offline = (local != Local::Missing)
+        .then(|| crate::restore::startup::offline_revision(dirs))
+        .flatten();
     let mut facts = Facts {
         left,
-        ..Facts::new(false, crate::restore::startup::local_fact(dirs))
+        offline,
+        ..Facts::new(false, local)
     };
     loop {
         let action = decide::decide(&facts);
@@ -157,6 +162,9 @@ async fn single_round(
                 match &facts.local {
                     Local::At(r) => tracing::info!(local = r, "the data dir starts"),
                     Local::Broken(e) => tracing::error!(error = %e, "the data dir does not start"),
+                    Local::Unknown(e) => {
+                        tracing::warn!(error = %e, "the data dir could not be validated: no evidence against it")
+                    }
                     _ => {}
                 }
             }
@@ -178,7 +186,7 @@ async fn single_round(
                 .map(Some);
             }
             Action::Wait(why) => {
-                if facts.left.is_some() {
+                if facts.left.is_some() || matches!(facts.local, Local::Unknown(_)) {
                     say(member, &why);
                     tokio::time::sleep(RETRY).await;
                 } else {

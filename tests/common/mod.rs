@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod dns;
+pub mod prod;
 pub mod stores;
 
 pub const WARDEN: &str = env!("CARGO_BIN_EXE_etcd-warden");

@@ -1,0 +1,213 @@
+//! etcd as operators run it: TLS for clients and peers with client-certificate auth (certificates
+//! laid out as kubeadm lays them out under `pki/etcd/`, made with the openssl CLI), etcd auth on
+//! with a root user the warden logs in as (`--etcd-user`, `--etcd-password-file`), and etcd's
+//! whole configuration in `ETCD_*` variables, as an env file or a unit's EnvironmentFile sets it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+pub const ROOT_PASSWORD: &str = "root-pw-4f2a";
+
+/// One member's production-shaped configuration on `ip`.
+pub struct Prod {
+    pub ip: String,
+    /// `pki/etcd` as kubeadm writes it: ca, server, peer, healthcheck-client.
+    pub pki: PathBuf,
+    pub password_file: PathBuf,
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("the openssl CLI (scripts/deps.sh installs it)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `name.crt`/`name.key` signed by `ca.crt` in `dir`, with `cn` and `ext` (an openssl extension
+/// section's lines).
+fn issue(dir: &Path, name: &str, cn: &str, ext: &str) {
+    let key = format!("{name}.key");
+    let csr = format!("{name}.csr");
+    let crt = format!("{name}.crt");
+    let subj = format!("/CN={cn}");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &subj,
+        ],
+    );
+    let extfile = format!("{name}.ext");
+    std::fs::write(dir.join(&extfile), ext).unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            &extfile,
+        ],
+    );
+}
+
+impl Prod {
+    /// Certificates and the root password file under `dir`.
+    pub fn new(ip: &str, dir: &Path) -> Self {
+        let pki = dir.join("pki/etcd");
+        std::fs::create_dir_all(&pki).unwrap();
+        openssl(
+            &pki,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.crt",
+                "-subj",
+                "/CN=etcd-ca",
+                "-days",
+                "2",
+            ],
+        );
+        // As kubeadm: server and peer certificates for localhost, the loopback and the node's
+        // address, usable both ways; a client certificate for health checks.
+        let san = format!("subjectAltName=DNS:localhost,IP:127.0.0.1,IP:{ip},IP:::1\n");
+        let both = "extendedKeyUsage=serverAuth,clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n";
+        issue(&pki, "server", "etcd-server", &format!("{san}{both}"));
+        issue(&pki, "peer", "etcd-peer", &format!("{san}{both}"));
+        issue(
+            &pki,
+            "healthcheck-client",
+            "kube-etcd-healthcheck-client",
+            "extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n",
+        );
+        let password_file = dir.join("etcd-root.password");
+        std::fs::write(&password_file, format!("{ROOT_PASSWORD}\n")).unwrap();
+        Self {
+            ip: ip.to_owned(),
+            pki,
+            password_file,
+        }
+    }
+
+    fn file(&self, name: &str) -> String {
+        self.pki.join(name).display().to_string()
+    }
+
+    /// A single member `m1`'s whole configuration as `ETCD_*` variables.
+    pub fn etcd_env(&self, data: &Path) -> Vec<(String, String)> {
+        let ip = &self.ip;
+        [
+            ("ETCD_NAME", "m1".to_owned()),
+            ("ETCD_DATA_DIR", data.display().to_string()),
+            ("ETCD_LISTEN_CLIENT_URLS", format!("https://{ip}:2379")),
+            ("ETCD_ADVERTISE_CLIENT_URLS", format!("https://{ip}:2379")),
+            ("ETCD_LISTEN_PEER_URLS", format!("https://{ip}:2380")),
+            ("ETCD_INITIAL_ADVERTISE_PEER_URLS", format!("https://{ip}:2380")),
+            ("ETCD_INITIAL_CLUSTER", format!("m1=https://{ip}:2380")),
+            ("ETCD_CERT_FILE", self.file("server.crt")),
+            ("ETCD_KEY_FILE", self.file("server.key")),
+            ("ETCD_TRUSTED_CA_FILE", self.file("ca.crt")),
+            ("ETCD_CLIENT_CERT_AUTH", "true".to_owned()),
+            ("ETCD_PEER_CERT_FILE", self.file("peer.crt")),
+            ("ETCD_PEER_KEY_FILE", self.file("peer.key")),
+            ("ETCD_PEER_TRUSTED_CA_FILE", self.file("ca.crt")),
+            ("ETCD_PEER_CLIENT_CERT_AUTH", "true".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+
+    /// The warden's options for etcd auth.
+    pub fn warden_opts(&self) -> Vec<String> {
+        vec![
+            "--etcd-user".into(),
+            "root".into(),
+            "--etcd-password-file".into(),
+            self.password_file.display().to_string(),
+        ]
+    }
+
+    /// etcdctl over TLS with the health-check client's certificate; `user`: log in as root.
+    pub fn etcdctl(&self, etcdctl: &Path, user: bool, args: &[&str]) -> Result<String, String> {
+        let mut cmd = Command::new(etcdctl);
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints=https://{}:2379", self.ip))
+            .arg(format!("--cacert={}", self.file("ca.crt")))
+            .arg(format!("--cert={}", self.file("healthcheck-client.crt")))
+            .arg(format!("--key={}", self.file("healthcheck-client.key")))
+            .arg("--command-timeout=5s");
+        if user {
+            cmd.arg(format!("--user=root:{ROOT_PASSWORD}"));
+        }
+        let out = cmd.args(args).output().map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// Adds the root user and turns etcd auth on.
+    pub fn enable_auth(&self, etcdctl: &Path) {
+        for args in [
+            &["user", "add", &format!("root:{ROOT_PASSWORD}")][..],
+            &["auth", "enable"],
+        ] {
+            self.etcdctl(etcdctl, false, args)
+                .unwrap_or_else(|e| panic!("etcdctl {args:?}: {e}"));
+        }
+    }
+
+    /// A client as an application would have: TLS with a client certificate, logged in as root.
+    pub async fn client(&self) -> Result<etcd_client::Client, etcd_client::Error> {
+        let read = |n: &str| std::fs::read(self.pki.join(n)).unwrap();
+        let tls = etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(read("ca.crt")))
+            .identity(etcd_client::Identity::from_pem(
+                read("healthcheck-client.crt"),
+                read("healthcheck-client.key"),
+            ));
+        let opts = etcd_client::ConnectOptions::new()
+            .with_tls(tls)
+            .with_user("root", ROOT_PASSWORD)
+            .with_timeout(Duration::from_secs(5))
+            .with_connect_timeout(Duration::from_secs(2));
+        etcd_client::Client::connect([format!("https://{}:2379", self.ip)], Some(opts)).await
+    }
+}
