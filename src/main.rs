@@ -22,7 +22,7 @@ fn main() {
     let env_warnings = etcd_warden::envvars::unknown(env_names.iter().map(String::as_str));
     if !matches!(cli.command, Command::Run(_) | Command::Standby(_)) {
         for w in &env_warnings {
-            eprintln!("etcd-warden: warning: {w}");
+            eprintln!("etcd-warden: warning: {w} (ignored)");
         }
     }
     let code = match cli.command {
@@ -105,13 +105,21 @@ fn run_command(
     standby: Option<etcd_warden::standby::StandbyConfig>,
     env_warnings: &[String],
 ) -> i32 {
+    // A misspelled variable meant for the warden (its store, its stop timeout) would otherwise
+    // leave that setting at its default while etcd runs: refused before anything starts.
+    if !env_warnings.is_empty() {
+        for w in env_warnings {
+            eprintln!("etcd-warden: {w}");
+        }
+        eprintln!(
+            "etcd-warden: refusing to start with an ETCD_WARDEN_* variable it does not read: rename or unset it"
+        );
+        return EX_USAGE;
+    }
     let env: HashMap<String, String> = std::env::vars().collect();
     let config = match RunConfig::from_args(args, &env) {
         Ok(c) => RunConfig { standby, ..c },
         Err(err) => {
-            for w in env_warnings {
-                eprintln!("etcd-warden: warning: {w}");
-            }
             eprintln!("etcd-warden: {err}");
             return EX_USAGE;
         }
@@ -125,9 +133,6 @@ fn run_command(
         return EX_USAGE;
     }
     telemetry::init_logging(config.log_format);
-    for w in env_warnings {
-        tracing::warn!("{w}");
-    }
 
     let reaper = pid1::Reaper::new();
     let role = match pid1::become_reaper() {

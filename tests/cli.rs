@@ -474,8 +474,8 @@ fn probe_exits_0_only_when_ready() {
     assert!(err.contains("503"), "{err}");
 }
 
-/// A misspelled `ETCD_WARDEN_*` variable is named with the closest real one, on every command
-/// (on `run` also when the start is refused for another reason); real names raise no warning.
+/// A misspelled `ETCD_WARDEN_*` variable is named with the closest real one, on every command;
+/// `run` refuses it (64) before etcd starts; real names raise no warning.
 #[test]
 fn a_misspelled_warden_variable_is_named_with_the_closest_real_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -498,19 +498,26 @@ fn a_misspelled_warden_variable_is_named_with_the_closest_real_one() {
         "a real name was warned about: {stderr}"
     );
 
-    let out = Command::new(WARDEN)
-        .args(["run", "--listen", &format!("{}:2378", unique_ip())])
-        .args(["--", "etcd"])
+    // `run` with a real etcd that would start: refused before anything starts or is created,
+    // whatever the host has on PATH.
+    let ip = unique_ip();
+    let data = dir.path().join("data");
+    let mut cmd = Command::new(WARDEN);
+    cmd.args(["run", "--listen", &format!("{ip}:2378"), "--store", &store])
+        .arg("--")
+        .arg(default_etcd())
+        .args(etcd_args(&ip, &data))
         .env("ETCD_WARDEN_STOP_TIMOUT", "5s")
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
+        .current_dir(dir.path());
+    dies_with_test(&mut cmd);
+    let out = output_within(cmd, Duration::from_secs(20), "run with a misspelled variable");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(64), "{stderr}");
     assert!(
         stderr.contains("did you mean ETCD_WARDEN_STOP_TIMEOUT?"),
         "run's refusal lacks the hint: {stderr}"
     );
+    assert!(!data.exists(), "a data dir was created: {stderr}");
 }
 
 /// The output of `cmd`, which must end within `limit`: a command that would ask an unreachable
