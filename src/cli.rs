@@ -734,7 +734,10 @@ pub async fn cluster_restore(args: crate::config::ClusterRestoreArgs) -> i32 {
             );
             0
         }
-        Err(crate::cluster::restore::PlanError::Pending(why)) => {
+        Err(
+            crate::cluster::restore::PlanError::Pending(why)
+            | crate::cluster::restore::PlanError::Beyond(why),
+        ) => {
             eprintln!("etcd-warden: cluster restore: {why}; nothing was written");
             EX_USAGE
         }

@@ -1098,33 +1098,37 @@ impl RunConfig {
                     .to_owned(),
             });
         }
-        if let Some(tls) = &client.tls {
-            let named = |p: &PathBuf, from_override: bool, flag: &str| {
-                (
-                    p.clone(),
-                    if from_override {
-                        format!("--etcd-{flag}")
-                    } else {
-                        format!("etcd's --{flag}-file")
-                    },
-                )
-            };
-            let mut files = Vec::new();
-            if let Some(ca) = &tls.ca {
-                files.push(named(ca, overrides.ca.is_some(), "ca"));
+        // Every TLS file etcd is told to read (client and peer, flag, variable or config file) and
+        // every one the warden's client reads, whether or not the endpoints are https: one that
+        // cannot be read is refused now, instead of an etcd that exits at every start.
+        let mut files: Vec<(PathBuf, String)> = etcd
+            .tls_files
+            .iter()
+            .map(|(source, path)| (path.clone(), format!("etcd's {source}")))
+            .collect();
+        for (path, flag) in [
+            (&overrides.ca, "ca"),
+            (&overrides.cert, "cert"),
+            (&overrides.key, "key"),
+        ] {
+            if let Some(path) = path {
+                files.push((path.clone(), format!("--etcd-{flag}")));
             }
-            if let Some((c, k)) = &tls.identity {
-                files.push(named(c, overrides.cert.is_some(), "cert"));
-                files.push(named(k, overrides.key.is_some(), "key"));
-            }
-            for (path, source_name) in files {
-                if let Err(e) = std::fs::File::open(&path) {
-                    return Err(ConfigError::TlsFile {
-                        path,
-                        source_name,
-                        reason: format!("{e} (fix the path or the file's permissions)"),
-                    });
+        }
+        for (path, source_name) in files {
+            let readable = std::fs::File::open(&path).and_then(|f| {
+                if f.metadata()?.is_dir() {
+                    Err(std::io::Error::other("a directory, not a file"))
+                } else {
+                    Ok(())
                 }
+            });
+            if let Err(e) = readable {
+                return Err(ConfigError::TlsFile {
+                    path,
+                    source_name,
+                    reason: format!("{e} (fix the path or the file's permissions)"),
+                });
             }
         }
 

@@ -55,9 +55,9 @@ pub fn unknown<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
                 .min()
                 .filter(|(d, k)| *d <= 3.max(k.len() / 5));
             match closest {
-                Some((_, k)) => format!(
-                    "environment variable {name} is not one etcd-warden reads; did you mean {k}?"
-                ),
+                Some((_, k)) => {
+                    format!("environment variable {name} is not one etcd-warden reads; did you mean {k}?")
+                }
                 None => format!(
                     "environment variable {name} is not one etcd-warden reads (docs/reference.md lists them)"
                 ),

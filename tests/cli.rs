@@ -673,3 +673,110 @@ fn the_build_finds_a_protoc_without_a_system_one() {
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("apt-get install protobuf-compiler"), "{stderr}");
 }
+
+/// A TLS file that cannot be read, named by etcd's flag, its `ETCD_*` variable, or the warden's
+/// own `--etcd-cert` (even with plain http endpoints), is refused with 64 naming where it came
+/// from, before etcd starts and before anything is created: etcd would exit at every start.
+#[test]
+fn a_missing_tls_file_is_refused_before_etcd_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let missing = dir.path().join("pki/etcd/server.crt");
+    let ip = unique_ip();
+    let data = dir.path().join("data");
+    let missing_s = missing.display().to_string();
+    let cases: Vec<(Vec<String>, Vec<(&str, String)>, &str)> = vec![
+        (
+            vec!["--cert-file".into(), missing_s.clone()],
+            vec![],
+            "flag --cert-file",
+        ),
+        (
+            vec![],
+            vec![("ETCD_PEER_KEY_FILE", missing_s.clone())],
+            "variable ETCD_PEER_KEY_FILE",
+        ),
+        (
+            vec![],
+            vec![
+                ("ETCD_WARDEN_ETCD_CERT", missing_s.clone()),
+                ("ETCD_WARDEN_ETCD_KEY", missing_s.clone()),
+            ],
+            "--etcd-cert",
+        ),
+    ];
+    for (flags, env, named) in cases {
+        let mut cmd = Command::new(WARDEN);
+        cmd.args(["run", "--listen", &format!("{ip}:2378"), "--store", &store])
+            .arg("--")
+            .arg(default_etcd())
+            .args(etcd_args(&ip, &data))
+            .args(&flags)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .current_dir(dir.path());
+        dies_with_test(&mut cmd);
+        let out = output_within(cmd, Duration::from_secs(20), named);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{named}: {stderr}");
+        assert!(
+            stderr.contains(named) && stderr.contains(&missing_s),
+            "the refusal does not name {named} and the file: {stderr}"
+        );
+        assert!(
+            !data.exists() && !dir.path().join("store").exists(),
+            "{named}: something was created: {stderr}"
+        );
+    }
+}
+
+/// Every file under `dir`, sorted.
+fn files_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.path().is_dir() {
+                todo.push(e.path());
+            } else {
+                out.push(e.path().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// `cluster restore --to-revision` past what the store holds is refused (64) and writes no plan:
+/// every member would otherwise restore less than the operator asked for, as the offline
+/// `restore` refuses to call that the result.
+#[test]
+fn a_cluster_restore_beyond_the_newest_backup_writes_no_plan() {
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let (w, store) = warden_with_file_store(&default_etcd(), &ip, dir.path(), &[]);
+    drop(w);
+    let before = files_under(&dir.path().join("store"));
+    let out = Command::new(WARDEN)
+        .args([
+            "cluster",
+            "restore",
+            "--store",
+            &store,
+            "--to-revision",
+            "1000000",
+        ])
+        .args(["--initial-cluster", &format!("m1=http://{ip}:2380")])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("--to-revision 1000000") && stderr.contains("reach revision"),
+        "the refusal does not say what the store reaches: {stderr}"
+    );
+    assert_eq!(
+        files_under(&dir.path().join("store")),
+        before,
+        "the store changed: {stderr}"
+    );
+}

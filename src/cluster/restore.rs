@@ -223,6 +223,8 @@ pub struct PlanRequest {
 pub enum PlanError {
     /// Another plan is pending and `--replace` was not given (bad usage).
     Pending(String),
+    /// The target asks for what the store does not hold (bad usage).
+    Beyond(String),
     Other(String),
 }
 
@@ -306,6 +308,17 @@ pub async fn write_plan(store: &Store, req: &PlanRequest) -> Result<Plan, PlanEr
     let chosen = candidates
         .first()
         .ok_or_else(|| format!("the store has no backup for {:?}", req.target))?;
+    // Every member would restore less than asked: refused, as the offline `restore` refuses to
+    // call such a result what was asked for.
+    if let Target::Revision(r) = req.target
+        && chosen.gap.is_none()
+        && chosen.target_revision < r
+    {
+        return Err(PlanError::Beyond(format!(
+            "--to-revision {r}: the store's backups reach revision {} only (give a revision at most {}, or leave --to-revision out for the newest)",
+            chosen.target_revision, chosen.target_revision
+        )));
+    }
     let now = crate::store::layout::now_ms();
     let id = crate::store::layout::format_time(now);
     let plan = Plan {

@@ -51,7 +51,23 @@ pub struct EtcdArgs {
     /// `--config-file` (or `ETCD_CONFIG_FILE`): etcd's YAML config, which etcd then reads instead
     /// of every other flag and `ETCD_*` variable; so does the warden.
     pub config_file: Option<PathBuf>,
+    /// Every TLS file etcd is told to read (client and peer certificates, keys, CAs, CRLs), with
+    /// where it was named (`flag --cert-file`, `variable ETCD_CERT_FILE`, a config file's key):
+    /// one that cannot be read is refused before etcd starts, instead of etcd crash-looping.
+    pub tls_files: Vec<(String, PathBuf)>,
 }
+
+/// etcd's options that name a TLS file it reads at start.
+const TLS_FILE_OPTIONS: &[&str] = &[
+    "cert-file",
+    "key-file",
+    "trusted-ca-file",
+    "client-crl-file",
+    "peer-cert-file",
+    "peer-key-file",
+    "peer-trusted-ca-file",
+    "peer-crl-file",
+];
 
 /// The etcd command line cannot be understood.
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -147,6 +163,12 @@ impl EtcdArgs {
             initial_cluster_token: get("initial-cluster-token").map(|(_, v)| v),
             initial_advertise_peer_urls: get("initial-advertise-peer-urls").map(|(_, v)| v),
             quota_backend_bytes: get("quota-backend-bytes").and_then(|(_, v)| v.trim().parse().ok()),
+            tls_files: TLS_FILE_OPTIONS
+                .iter()
+                .filter_map(|o| get(o))
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(source, v)| (source, PathBuf::from(v)))
+                .collect(),
             config_file,
             name,
             data_dir,
@@ -217,6 +239,10 @@ fn config_value(config: &serde_json::Map<String, serde_json::Value>, name: &str)
         "cert-file" | "key-file" | "trusted-ca-file" | "client-cert-auth" | "auto-tls" => {
             config.get("client-transport-security")?.get(name)?
         }
+        "client-crl-file" => config.get("client-transport-security")?.get("crl-file")?,
+        "peer-cert-file" | "peer-key-file" | "peer-trusted-ca-file" | "peer-crl-file" => config
+            .get("peer-transport-security")?
+            .get(name.trim_start_matches("peer-"))?,
         _ => config.get(name)?,
     };
     match v {
