@@ -685,7 +685,8 @@ fn a_missing_tls_file_is_refused_before_etcd_starts() {
     let ip = unique_ip();
     let data = dir.path().join("data");
     let missing_s = missing.display().to_string();
-    let cases: Vec<(Vec<String>, Vec<(&str, String)>, &str)> = vec![
+    type Case<'a> = (Vec<String>, Vec<(&'a str, String)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             vec!["--cert-file".into(), missing_s.clone()],
             vec![],
