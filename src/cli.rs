@@ -825,6 +825,7 @@ pub async fn restore(
         initial_cluster_token: args.initial_cluster_token.clone(),
         target,
         bump_revision: args.bump_revision,
+        bump_clears_store: true,
     };
     let work = crate::restore::restore(&store, &opts, &reaper);
     tokio::pin!(work);

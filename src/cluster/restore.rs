@@ -138,7 +138,10 @@ pub async fn apply(
                 ));
             }
         },
+        // Fixed when the plan was written (clearing the store's revisions then): every member
+        // lands on the same revision however the store grew since.
         bump_revision: plan.bump_revision,
+        bump_clears_store: false,
     };
     let put_back = |why: String| -> String {
         if !moved {
@@ -319,6 +322,9 @@ pub async fn write_plan(store: &Store, req: &PlanRequest) -> Result<Plan, PlanEr
             chosen.target_revision, chosen.target_revision
         )));
     }
+    // The bump clears every revision any object names (an older chain below a newer one's).
+    let named = crate::restore::plan::newest_named(&fulls, &chains);
+    let bump_revision = crate::restore::plan::bump_amount(chosen.target_revision, req.bump_revision, named);
     let now = crate::store::layout::now_ms();
     let id = crate::store::layout::format_time(now);
     let plan = Plan {
@@ -327,7 +333,7 @@ pub async fn write_plan(store: &Store, req: &PlanRequest) -> Result<Plan, PlanEr
         created_ms: now,
         full: chosen.full.key(),
         target_revision: chosen.target_revision,
-        bump_revision: req.bump_revision,
+        bump_revision,
         token: format!("etcd-warden-restore-{id}").to_lowercase(),
         members,
         previous_cluster_id: owner.map(|o| o.cluster_id).unwrap_or(0),

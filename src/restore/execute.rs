@@ -44,6 +44,11 @@ pub struct RestoreOptions {
     /// Raise the restored revision by this much and mark everything up to it compacted (0: off),
     /// as etcdutl's `--bump-revision N --mark-compacted`.
     pub bump_revision: u64,
+    /// The bump also clears every revision any object in the store names (`plan::bump_amount`):
+    /// a fallback to an older chain must not hand out again what a newer chain's clients saw.
+    /// Off for a cluster restore plan, whose bump was fixed when it was written, so that every
+    /// member lands on the same revision however the store grew since.
+    pub bump_clears_store: bool,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -120,6 +125,7 @@ impl RestoreOptions {
             target: Target::Latest,
             // A scratch copy is compared with the live history revision for revision.
             bump_revision: 0,
+            bump_clears_store: false,
         }
     }
 }
@@ -154,6 +160,8 @@ pub async fn restore(
         });
     }
     let (fulls, chains) = store.catalog().await?;
+    // The newest revision any object names, every chain's: what a bump must clear.
+    let named = plan::newest_named(&fulls, &chains);
     let candidates = match opts.target {
         Target::Rollback(point) => vec![plan::Candidate {
             full: point,
@@ -231,7 +239,7 @@ pub async fn restore(
             let _ = std::fs::remove_dir_all(&work);
             std::fs::create_dir_all(&work).map_err(io("create the work dir", &work))?;
             tracing::info!(full = %cand.full.key(), deltas = cand.deltas.len(), target_revision = cand.target_revision, "restoring");
-            match attempt(store, opts, reaper, &cand, &work).await {
+            match attempt(store, opts, reaper, &cand, &work, named).await {
                 Ok(r) => break Some(r),
                 // Never a reason to settle for older data: wait for the store.
                 Err(Failure::Unavailable(e)) if unavailable < STORE_RETRIES.len() => {
@@ -268,6 +276,7 @@ pub async fn restore(
             revision,
             served,
             applied,
+            bumped_by,
         }) = result
         else {
             continue;
@@ -297,7 +306,7 @@ pub async fn restore(
             target_revision: asked,
             backed_up_revision: revision,
             revision: served,
-            bumped_by: opts.bump_revision,
+            bumped_by,
             skipped,
             seconds: started.elapsed().as_secs_f64(),
         });
@@ -444,6 +453,7 @@ async fn attempt(
     reaper: &Reaper,
     cand: &Candidate,
     work: &Path,
+    named: i64,
 ) -> Result<Restored, Failure> {
     let db = work.join("snapshot.db");
     let t = Instant::now();
@@ -535,7 +545,20 @@ async fn attempt(
     let db = data.join("member").join("snap").join("db");
     check_release(reaper, &opts.etcd, &db, &cand.full.key()).await?;
     let (revision, applied) = deltas(store, opts, reaper, cand, work, &db, fetcher).await?;
-    let served = match opts.bump_revision {
+    let bumped_by = match opts.bump_clears_store {
+        true => super::plan::bump_amount(revision, opts.bump_revision, named),
+        false => opts.bump_revision,
+    };
+    if bumped_by != opts.bump_revision {
+        tracing::warn!(
+            restored = revision,
+            newest_named = named,
+            bump = bumped_by,
+            "the store names revisions up to {named}, beyond the restored {revision} plus the bump of {}: bumping by {bumped_by} instead, so that no revision a client may have seen is handed out again",
+            opts.bump_revision
+        );
+    }
+    let served = match bumped_by {
         0 => revision,
         n => bump(&db, n).map_err(Failure::Local)?,
     };
@@ -545,6 +568,7 @@ async fn attempt(
         revision,
         served,
         applied,
+        bumped_by,
     })
 }
 
@@ -573,6 +597,7 @@ struct Restored {
     revision: i64,
     served: i64,
     applied: u64,
+    bumped_by: u64,
 }
 
 /// Brings the restored member from its full snapshot to the candidate's target revision.

@@ -187,9 +187,58 @@ pub fn candidates(
     out
 }
 
+/// The newest revision any object of a listing names, every chain's: what a bump must clear.
+pub fn newest_named(fulls: &[SnapshotName], chains: &crate::store::Catalog) -> i64 {
+    fulls
+        .iter()
+        .map(|f| f.last_revision())
+        .chain(chains.values().flatten().map(|d| d.last_revision()))
+        .max()
+        .unwrap_or(0)
+}
+
+/// How much to bump a restore that reached `restored`, asked to bump by `bump`, when the store
+/// names revisions up to `named`: `bump`, unless that would not clear `named` (a fallback to an
+/// older chain, below a newer chain that clients were served); then as far again past `named`.
+/// 0 stays 0: the operator asked for an exact copy.
+pub fn bump_amount(restored: i64, bump: u64, named: i64) -> u64 {
+    if bump == 0 {
+        return 0;
+    }
+    let landed = restored.saturating_add(bump.min(i64::MAX as u64) as i64);
+    if landed > named {
+        bump
+    } else {
+        bump.saturating_add(named.saturating_sub(restored) as u64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bump_clears_every_revision_the_store_names() {
+        const B: u64 = 1_000_000_000;
+        for (restored, bump, named, want) in [
+            // The newest chain restored: the bump as asked.
+            (100, B, 100, B),
+            // Point in time below the newest: the asked bump already clears it.
+            (100, B, 150, B),
+            // An older chain below a bumped newer one (issue 40 finding 4): as far past it again.
+            (2_000_000_006, B, 3_000_000_015, B + 1_000_000_009),
+            // Landing exactly on a named revision is no clearance.
+            (100, 50, 150, 100),
+            // An exact copy stays exact.
+            (100, 0, 10_000, 0),
+        ] {
+            let got = bump_amount(restored, bump, named);
+            assert_eq!(got, want, "restored {restored}, bump {bump}, named {named}");
+            if bump > 0 {
+                assert!(restored + got as i64 > named);
+            }
+        }
+    }
     use crate::store::layout::{Compression, Encryption};
 
     fn full(rev: i64, t: u64) -> SnapshotName {

@@ -153,6 +153,7 @@ pub async fn restore_member(
         initial_cluster_token: cfg.etcd.initial_cluster_token.clone(),
         target: Target::Latest,
         bump_revision: cfg.restore_bump_revision,
+        bump_clears_store: true,
     };
     match restore(&store, &opts, reaper).await {
         Ok(report) if floor.is_some_and(|f| report.backed_up_revision < f) => {

@@ -13,6 +13,9 @@ pub fn is_auth_error(e: &etcd_client::Error) -> bool {
     let text = e.to_string();
     [
         "user name is empty",
+        // With client-certificate auth, etcd takes the certificate's common name as the user
+        // while the client has no token: a name that is no user (the server certificate's).
+        "user name not found",
         "invalid auth token",
         "permission denied",
         "authentication failed",

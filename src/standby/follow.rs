@@ -285,6 +285,7 @@ impl Follower {
             target: Target::Latest,
             // The bump comes at promotion: until then the data dir continues the store's history.
             bump_revision: 0,
+            bump_clears_store: true,
         };
         let report = crate::restore::restore(&store, &opts, reaper)
             .await
