@@ -1,6 +1,6 @@
-//! The `ETCD_WARDEN_*` variables the warden reads, and a warning for the ones it does not: a
+//! The `ETCD_WARDEN_*` variables the warden reads, and the message for the ones it does not: a
 //! misspelled `ETCD_WARDEN_STOER` would otherwise be ignored silently and the warden would start
-//! with the default store.
+//! with the default store. `run` and `standby` refuse to start on one; other commands warn.
 
 use clap::CommandFactory;
 
@@ -86,7 +86,7 @@ mod tests {
             "{w:?}"
         );
         let far = unknown(["ETCD_WARDEN_SOMETHING_ELSE_ENTIRELY"]);
-        assert!(far[0].contains("is ignored (docs/reference.md"), "{far:?}");
+        assert!(far[0].contains("etcd-warden reads (docs/reference.md"), "{far:?}");
     }
 
     #[test]
