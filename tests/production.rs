@@ -166,6 +166,18 @@ fn enable_auth_and_back_it_up(w: &Warden, prod: &Prod, ctl: &Path) {
     });
 }
 
+/// The writer counted no chain break and logged none: a restore's bumped revision starts a new
+/// chain, and only a real gap (history compacted before it was backed up) is a break.
+fn assert_no_chain_break(w: &Warden) {
+    let log = w.log_text();
+    assert!(!log.contains("CHAIN BREAK"), "a chain break was reported:\n{log}");
+    assert_eq!(
+        w.metric("etcd_warden_chain_breaks_total"),
+        Some(0.0),
+        "etcd_warden_chain_breaks_total"
+    );
+}
+
 /// Kills a warden and its etcd the hard way (a lost node), and waits until etcd is gone.
 fn kill_node(mut w: Warden) {
     let etcd = w.etcd_pid().expect("etcd pid");
@@ -240,6 +252,8 @@ fn fallback_bumps_past_the_store(etcd: &Path) {
     wait_for(&format!("revision {b} in the store"), START, || {
         (store_head(&store) >= b).then_some(())
     });
+    // Finding 9: a restore starts a new chain; the bump's compaction is no chain break.
+    assert_no_chain_break(&w);
     kill_node(w);
     let newest_full = backups_list(&store, &[])
         .into_iter()
@@ -271,6 +285,11 @@ fn fallback_bumps_past_the_store(etcd: &Path) {
         .etcdctl(&ctl, true, &["get", "/a/004", "--print-value-only"])
         .unwrap();
     assert_eq!(value.trim(), "v", "chain A's data");
+    let c = put_keys(&prod, "/c", 1);
+    wait_for(&format!("revision {c} in the store"), START, || {
+        (store_head(&store) >= c).then_some(())
+    });
+    assert_no_chain_break(&w);
     let w = w;
     drop(w);
 }

@@ -5,6 +5,7 @@
 pub mod bolt;
 pub mod drill;
 pub mod execute;
+pub mod marker;
 pub mod mvcc;
 pub mod plan;
 mod replay;

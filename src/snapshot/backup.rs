@@ -821,6 +821,20 @@ impl Backup {
             return Ok(None);
         };
         let after = chain.last().map(|(n, _)| n.last_revision()).unwrap_or(base);
+        // A restore (or a promotion, a rollback) bumped etcd's data past the chain's end and
+        // marked everything below compacted: those revisions never existed, so this is no chain
+        // break but a new history, which starts a new chain.
+        if let Some(r) = crate::restore::marker::read(&self.cfg.data_dir)
+            && after < r.served_revision
+        {
+            tracing::info!(
+                chain_last = after,
+                backed_up_revision = r.backed_up_revision,
+                served_revision = r.served_revision,
+                "etcd's data was restored and its revision bumped: a new chain starts with a full snapshot"
+            );
+            return Ok(None);
+        }
         // A status that fails says nothing about etcd being behind: the stream finds out.
         let current = client
             .status()

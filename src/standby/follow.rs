@@ -173,6 +173,15 @@ impl Follower {
                 .map_err(|e| format!("commit the bumped revision: {e}"))?;
             to
         };
+        if served != backed_up {
+            crate::restore::marker::write(
+                &self.data,
+                crate::restore::marker::Restored {
+                    backed_up_revision: backed_up,
+                    served_revision: served,
+                },
+            )?;
+        }
         let _ = std::fs::remove_file(super::marker(&self.data));
         self.set(|s| {
             s.state = State::Promoted;
@@ -557,6 +566,15 @@ impl Follower {
                 .map_err(|e| format!("commit the bumped revision: {e}"))?;
             served
         };
+        if served != backed_up {
+            crate::restore::marker::write(
+                &self.data,
+                crate::restore::marker::Restored {
+                    backed_up_revision: backed_up,
+                    served_revision: served,
+                },
+            )?;
+        }
         crate::failpoint::die("standby-promote-after-bump");
         let _ = std::fs::remove_file(super::marker(&self.data));
         self.set(|s| {
