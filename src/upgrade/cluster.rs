@@ -85,7 +85,15 @@ pub fn check(binary: Version, peers: &[PeerRelease]) -> UpgradePath {
     let Some(lowest) = peers.iter().map(|p| p.server).min() else {
         return UpgradePath::Supported;
     };
-    let cluster = peers.iter().filter_map(|p| p.cluster).min().unwrap_or(lowest);
+    // etcd reports 3.0 (its minimum) until every member has said its release: undecided, not a
+    // cluster at 3.0 (no 3.4+ member runs in one). Taken literally it would refuse the member
+    // whose start decides it, forever.
+    let cluster = peers
+        .iter()
+        .filter_map(|p| p.cluster)
+        .filter(|c| !(c.major == 3 && c.minor == 0))
+        .min()
+        .unwrap_or(lowest);
     if binary.major != 3 || cluster.major != 3 {
         return UpgradePath::Supported;
     }
@@ -163,6 +171,15 @@ mod tests {
             matches!(check(v("3.6.16"), &old), UpgradePath::Unsupported(m) if m.contains("runs 3.5.16") && m.contains("3.5.26"))
         );
         assert_eq!(check(v("3.5.30"), &old), UpgradePath::Supported);
+    }
+
+    #[test]
+    fn a_cluster_version_not_decided_yet_refuses_no_one() {
+        // etcd 3.5 while a member has not said its release yet (after a cluster restore, the
+        // third member started late).
+        let undecided = [peer("3.5.16", Some("3.0.0")), peer("3.5.16", Some("3.0.0"))];
+        assert_eq!(check(v("3.5.16"), &undecided), UpgradePath::Supported);
+        assert!(matches!(check(v("3.7.3"), &undecided), UpgradePath::Unsupported(_)));
     }
 
     #[test]
