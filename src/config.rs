@@ -1264,6 +1264,7 @@ impl RunConfig {
             launch: Launch {
                 program,
                 args: etcd_argv.to_vec(),
+                env: Vec::new(),
             },
             etcd,
             client,

@@ -24,6 +24,12 @@ pub fn evaluate(child: &ChildState, health: &Health, gate: Option<String>) -> Re
             let last = child.last_exit.map(|s| format!(" ({s})")).unwrap_or_default();
             return Err(format!("etcd exited{last} and is waiting to be restarted"));
         }
+        Phase::Delayed => {
+            let last = child.last_exit.map(|s| format!(" ({s})")).unwrap_or_default();
+            return Err(format!(
+                "etcd exited{last} at its last start and starts again after its backoff"
+            ));
+        }
         Phase::Stopping => return Err("etcd is being stopped".to_owned()),
         Phase::Stopped => return Err("etcd is stopped".to_owned()),
         Phase::Fencing | Phase::Fenced => return Err("fenced: etcd was killed".to_owned()),

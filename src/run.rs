@@ -687,8 +687,18 @@ impl Terms {
             let mut launch = self.config.launch.clone();
             let etcd = &self.config.etcd;
             let copy = crate::etcd::dirs::beside(&etcd.data_path(), ".warden-etcd-config.json");
-            match crate::etcd::args::with_settings(&launch.args, etcd.config_file.as_deref(), &copy, flags) {
-                Ok(args) => launch.args = args,
+            let env: std::collections::HashMap<String, String> = std::env::vars().collect();
+            match crate::etcd::args::with_settings(
+                &launch.args,
+                &env,
+                etcd.config_file.as_deref(),
+                &copy,
+                flags,
+            ) {
+                Ok(settings) => {
+                    launch.args = settings.args;
+                    launch.env = settings.env;
+                }
                 // Without them etcd could bootstrap a cluster of its own: it is not started.
                 Err(e) => {
                     tracing::error!(error = %e, "cannot give etcd the settings of the start-up decision; etcd is not started");

@@ -104,7 +104,7 @@ impl Shared {
             Phase::Idle => "starting",
             Phase::Running if self.readiness().is_ok() => "running",
             Phase::Running if child.restarts == 0 => "starting",
-            Phase::Running | Phase::Backoff => "restarting",
+            Phase::Running | Phase::Backoff | Phase::Delayed => "restarting",
             Phase::Stopping => "stopping",
             Phase::Fencing | Phase::Fenced => "fenced",
             Phase::Stopped => "stopped",

@@ -252,19 +252,35 @@ fn config_value(config: &serde_json::Map<String, serde_json::Value>, name: &str)
     }
 }
 
-/// etcd's command line with these settings changed (the cluster flags a rejoin or a restore plan
-/// sets). With a config file, etcd would ignore such flags: the settings go into a copy of the
-/// file, written to `copy`, and the command line points `--config-file` at that copy.
+/// etcd's command line and environment with these settings changed (the cluster flags a rejoin
+/// or a restore plan sets), each where the operator set it: a flag stays a flag; a setting given
+/// only as an `ETCD_*` variable (in `env`) is changed in the child's environment, never shadowed
+/// by a flag (etcd 3.6+ exits on a flag that shadows a set variable); a new one becomes a flag.
+/// With a config file, etcd would ignore both: the settings go into a copy of the file, written
+/// to `copy`, and the command line points `--config-file` at that copy.
 pub fn with_settings(
     args: &[std::ffi::OsString],
+    env: &HashMap<String, String>,
     config_file: Option<&Path>,
     copy: &Path,
     settings: &[(String, String)],
-) -> Result<Vec<std::ffi::OsString>, ArgsError> {
+) -> Result<Settings, ArgsError> {
     let Some(path) = config_file else {
-        return Ok(settings
-            .iter()
-            .fold(args.to_vec(), |a, (k, v)| with_flag(&a, k, v)));
+        let text: Vec<String> = args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        let given = collect_flags(&text)?;
+        let mut out = Settings {
+            args: args.to_vec(),
+            env: Vec::new(),
+        };
+        for (k, v) in settings {
+            let var = format!("ETCD_{}", k.to_uppercase().replace('-', "_"));
+            if !given.contains_key(k.as_str()) && env.contains_key(&var) {
+                out.env.push((var, v.clone()));
+            } else {
+                out.args = with_flag(&out.args, k, v);
+            }
+        }
+        return Ok(out);
     };
     let mut config = read_config_file(path)?;
     for (k, v) in settings {
@@ -276,7 +292,17 @@ pub fn with_settings(
         path: copy.to_owned(),
         reason: format!("cannot write the warden's copy with {settings:?}: {e}"),
     })?;
-    Ok(with_flag(args, "config-file", &copy.display().to_string()))
+    Ok(Settings {
+        args: with_flag(args, "config-file", &copy.display().to_string()),
+        env: Vec::new(),
+    })
+}
+
+/// etcd's command line and the variables to set in its environment (`with_settings`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub args: Vec<std::ffi::OsString>,
+    pub env: Vec<(String, String)>,
 }
 
 fn cwd() -> PathBuf {
@@ -524,11 +550,13 @@ mod tests {
         let args: Vec<std::ffi::OsString> = vec!["--config-file".into(), path.clone().into()];
         let out = with_settings(
             &args,
+            &env(&[]),
             Some(&file),
             &copy,
             &[("initial-cluster-state".into(), "existing".into())],
         )
-        .unwrap();
+        .unwrap()
+        .args;
         assert_eq!(
             out,
             vec![std::ffi::OsString::from(format!(
@@ -542,6 +570,48 @@ mod tests {
             (a.name.as_str(), a.initial_cluster_state.as_deref()),
             ("m2", Some("existing"))
         );
+    }
+
+    #[test]
+    fn a_setting_changes_where_the_operator_set_it() {
+        let set = [
+            ("initial-cluster-state".to_owned(), "existing".to_owned()),
+            ("initial-cluster".to_owned(), "m1=http://a:2380".to_owned()),
+        ];
+        let os = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        let nowhere = Path::new("/nonexistent/copy");
+        // Variables stay variables: a flag would shadow them, and etcd 3.6 exits on that.
+        let vars = env(&[
+            ("ETCD_INITIAL_CLUSTER_STATE", "new"),
+            ("ETCD_INITIAL_CLUSTER", "m1=http://old:2380"),
+        ]);
+        let out = with_settings(&os(&["--name", "m1"]), &vars, None, nowhere, &set).unwrap();
+        assert_eq!(out.args, os(&["--name", "m1"]));
+        assert_eq!(
+            out.env,
+            vec![
+                ("ETCD_INITIAL_CLUSTER_STATE".to_owned(), "existing".to_owned()),
+                ("ETCD_INITIAL_CLUSTER".to_owned(), "m1=http://a:2380".to_owned()),
+            ]
+        );
+        // A flag stays a flag, whatever the environment also says; a new setting is a flag.
+        let args = os(&["--initial-cluster-state=new"]);
+        let out = with_settings(
+            &args,
+            &env(&[("ETCD_INITIAL_CLUSTER_STATE", "new")]),
+            None,
+            nowhere,
+            &set,
+        )
+        .unwrap();
+        assert_eq!(
+            out.args,
+            os(&[
+                "--initial-cluster-state=existing",
+                "--initial-cluster=m1=http://a:2380"
+            ])
+        );
+        assert!(out.env.is_empty());
     }
 
     #[test]

@@ -157,6 +157,7 @@ impl PrivateEtcd {
         let mut cmd = crate::supervisor::Launch {
             program: etcd.to_owned(),
             args: Vec::new(),
+            env: Vec::new(),
         }
         .command();
         cmd.arg("--name")

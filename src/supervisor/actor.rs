@@ -148,7 +148,7 @@ impl Supervisor {
                         None
                     }
                     Request::SetLaunch(launch) => {
-                        tracing::info!(args = ?launch.args, "etcd's command line for the next start");
+                        tracing::info!(args = ?launch.args, env = ?launch.env, "etcd's command line for the next start");
                         self.launch = launch;
                         None
                     }

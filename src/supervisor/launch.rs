@@ -25,6 +25,9 @@ pub fn is_private_env(key: &str) -> bool {
 pub struct Launch {
     pub program: PathBuf,
     pub args: Vec<OsString>,
+    /// Variables set in etcd's environment over the warden's own (a setting the operator gave
+    /// as an `ETCD_*` variable and the warden changes, e.g. to join a cluster `existing`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Launch {
@@ -42,6 +45,7 @@ impl Launch {
                 cmd.env_remove(&key);
             }
         }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         set_parent_death_signal(&mut cmd);
         cmd
     }

@@ -33,6 +33,9 @@ pub enum Phase {
     Running,
     /// Died unexpectedly; waiting out the backoff before the next start.
     Backoff,
+    /// A new term's start waiting out the backoff of the last term's crash (no process yet; the
+    /// run loop fenced etcd after it crashed, to decide again).
+    Delayed,
     /// Graceful stop under way: SIGTERM sent, SIGKILL at the deadline.
     Stopping,
     /// Ownership lost: SIGKILL sent to the group, waiting for the exit. No restart follows.
@@ -49,6 +52,7 @@ impl Phase {
             Self::Idle => "idle",
             Self::Running => "running",
             Self::Backoff => "backoff",
+            Self::Delayed => "delayed",
             Self::Stopping => "stopping",
             Self::Fencing => "fencing",
             Self::Fenced => "fenced",
@@ -103,6 +107,10 @@ pub struct Machine {
     last_exit: Option<ExitStatus>,
     kill_sent: bool,
     current_backoff: Option<Duration>,
+    /// Fenced while waiting out a crash's backoff (the run loop held etcd down to decide again,
+    /// e.g. to repair its data): the next start still waits out a backoff, so a term that ends
+    /// in a crash at once can never loop without delay.
+    fenced_after_crash: bool,
     rng: fastrand::Rng,
 }
 
@@ -117,6 +125,7 @@ impl Machine {
             last_exit: None,
             kill_sent: false,
             current_backoff: None,
+            fenced_after_crash: false,
             rng: fastrand::Rng::with_seed(seed),
         }
     }
@@ -147,9 +156,17 @@ impl Machine {
     pub fn handle(&mut self, event: Event, now: Instant) -> Vec<Action> {
         use Phase::*;
         match (self.phase, event) {
-            (Idle | Fenced, Event::Start) | (Backoff, Event::RestartDue) => {
+            (Fenced, Event::Start) if std::mem::take(&mut self.fenced_after_crash) => {
+                // The last term ended in a crash: its backoff holds for this start too.
+                self.phase = Delayed;
+                let delay = self.jittered(self.failures);
+                self.current_backoff = Some(delay);
+                vec![Action::ScheduleRestart(delay)]
+            }
+            (Idle | Fenced, Event::Start) | (Backoff | Delayed, Event::RestartDue) => {
                 if self.phase == Fenced {
-                    // A new term: the crash-loop history of the last one does not carry over.
+                    // A new term after a fence (ownership, not a crash): the crash-loop history
+                    // of the last one does not carry over.
                     self.failures = 0;
                 }
                 self.phase = Running;
@@ -184,9 +201,10 @@ impl Machine {
                 self.kill_sent = true;
                 vec![Action::Kill]
             }
-            (Backoff, Event::Fence) => {
+            (Backoff | Delayed, Event::Fence) => {
                 self.phase = Fenced;
                 self.current_backoff = None;
+                self.fenced_after_crash = true;
                 vec![]
             }
             (Fencing, Event::Exited(status)) => {
@@ -206,7 +224,7 @@ impl Machine {
                 self.phase = Stopped;
                 vec![Action::Exit(ExitStatus::Code(0))]
             }
-            (Stopping, Event::SpawnFailed) | (Backoff, Event::Stop) | (Idle, Event::Stop) => {
+            (Stopping, Event::SpawnFailed) | (Backoff | Delayed, Event::Stop) | (Idle, Event::Stop) => {
                 self.phase = Stopped;
                 self.current_backoff = None;
                 vec![Action::Exit(self.last_exit.unwrap_or(ExitStatus::Code(0)))]
@@ -225,11 +243,16 @@ impl Machine {
         self.restarts += 1;
         self.running_since = None;
         self.phase = Phase::Backoff;
-        // "Equal jitter": half fixed, half random, so delays still grow monotonically.
-        let base = self.base_backoff(self.failures);
-        let delay = base / 2 + base.mul_f64(self.rng.f64() / 2.0);
+        let delay = self.jittered(self.failures);
         self.current_backoff = Some(delay);
         vec![Action::ScheduleRestart(delay)]
+    }
+
+    /// The delay after `failures` unexpected exits in a row. "Equal jitter": half fixed, half
+    /// random, so delays still grow monotonically.
+    fn jittered(&mut self, failures: u32) -> Duration {
+        let base = self.base_backoff(failures);
+        base / 2 + base.mul_f64(self.rng.f64() / 2.0)
     }
 }
 
@@ -381,6 +404,37 @@ mod tests {
         assert_eq!(m.restarts(), 0, "a fence is not a restart");
         assert_eq!(m.handle(Event::Start, now), vec![Action::Spawn]);
         assert_eq!(m.phase(), Phase::Running);
+    }
+
+    #[test]
+    fn a_crash_loop_across_terms_keeps_its_backoff() {
+        // etcd exits at once each time; each time the run loop fences it to decide again and
+        // starts it again (a repair): never a start without the growing delay.
+        let mut m = Machine::new(policy(), 5);
+        let mut now = Instant::now();
+        m.handle(Event::Start, now);
+        let mut delays = Vec::new();
+        for _ in 0..5 {
+            now += Duration::from_millis(10);
+            let crash = m.handle(Event::Exited(ExitStatus::Code(1)), now);
+            assert!(matches!(crash[..], [Action::ScheduleRestart(_)]), "{crash:?}");
+            assert_eq!(m.handle(Event::Fence, now), vec![]);
+            let actions = m.handle(Event::Start, now);
+            let [Action::ScheduleRestart(d)] = actions[..] else {
+                panic!("a start after a crash's fence spawned without its backoff: {actions:?}")
+            };
+            delays.push(d);
+            now += d;
+            assert_eq!(m.handle(Event::RestartDue, now), vec![Action::Spawn]);
+        }
+        assert!(
+            delays[4] >= 8 * S,
+            "the backoff did not grow across terms: {delays:?}"
+        );
+        // A fence for ownership (no crash) starts at once, from a clean history.
+        m.handle(Event::Fence, now);
+        m.handle(Event::Exited(ExitStatus::Signal(9)), now);
+        assert_eq!(m.handle(Event::Start, now), vec![Action::Spawn]);
     }
 
     #[test]

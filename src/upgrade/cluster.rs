@@ -31,6 +31,9 @@ struct VersionAnswer {
     etcdcluster: String,
 }
 
+/// How long one member may take to say its release.
+const ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What the other members answered; those that did not are skipped (logged).
 pub async fn peer_releases(cfg: &RunConfig) -> Vec<PeerRelease> {
     let Ok(me) = crate::cluster::startup::me(cfg) else {
@@ -63,6 +66,13 @@ pub async fn peer_releases(cfg: &RunConfig) -> Vec<PeerRelease> {
                 let mut c = peers::connect(&cfg.client, endpoint).await?;
                 let status = c.status().await.map_err(|e| e.to_string())?;
                 Version::parse(status.version()).ok_or_else(|| format!("release {:?}", status.version()))
+            };
+            // One deadline for the whole question: a member that listens but has no quorum yet
+            // (it waits for this one to start) must never hold this start up.
+            let answer = async {
+                tokio::time::timeout(ANSWER, answer)
+                    .await
+                    .map_err(|_| format!("no answer within {ANSWER:?}"))?
             };
             match answer.await {
                 Ok(server) => out.push(PeerRelease {
@@ -179,7 +189,10 @@ mod tests {
         // third member started late).
         let undecided = [peer("3.5.16", Some("3.0.0")), peer("3.5.16", Some("3.0.0"))];
         assert_eq!(check(v("3.5.16"), &undecided), UpgradePath::Supported);
-        assert!(matches!(check(v("3.7.3"), &undecided), UpgradePath::Unsupported(_)));
+        assert!(matches!(
+            check(v("3.7.3"), &undecided),
+            UpgradePath::Unsupported(_)
+        ));
     }
 
     #[test]

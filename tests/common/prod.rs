@@ -103,6 +103,27 @@ impl Prod {
                 "2",
             ],
         );
+        Self::issued(ip, dir)
+    }
+
+    /// One member per address, each with its own certificates under `dir/m<i>` from one CA.
+    pub fn cluster(ips: &[String], dir: &Path) -> Vec<Self> {
+        let ca = Self::new(&ips[0], &dir.join("m0"));
+        let mut out = vec![ca];
+        for (i, ip) in ips.iter().enumerate().skip(1) {
+            let pki = dir.join(format!("m{i}/pki/etcd"));
+            std::fs::create_dir_all(&pki).unwrap();
+            for f in ["ca.crt", "ca.key"] {
+                std::fs::copy(out[0].pki.join(f), pki.join(f)).unwrap();
+            }
+            out.push(Self::issued(ip, &dir.join(format!("m{i}"))));
+        }
+        out
+    }
+
+    /// The member's certificates signed by `dir/pki/etcd/ca.*`, and the root password file.
+    fn issued(ip: &str, dir: &Path) -> Self {
+        let pki = dir.join("pki/etcd");
         // As kubeadm: server and peer certificates for localhost, the loopback and the node's
         // address, usable both ways; a client certificate for health checks.
         let san = format!("subjectAltName=DNS:localhost,IP:127.0.0.1,IP:{ip},IP:::1\n");
@@ -122,6 +143,29 @@ impl Prod {
             pki,
             password_file,
         }
+    }
+
+    /// Member `i` of the cluster of `members` as docs/cluster.md's env file configures it: every
+    /// etcd setting an `ETCD_*` variable, https for clients and peers, client certificates.
+    pub fn member_env(members: &[Prod], i: usize, data: &Path, token: &str) -> Vec<(String, String)> {
+        let me = &members[i];
+        let cluster = members
+            .iter()
+            .enumerate()
+            .map(|(j, m)| format!("m{j}=https://{}:2380", m.ip))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut env = me.etcd_env(data);
+        for (k, v) in env.iter_mut() {
+            match k.as_str() {
+                "ETCD_NAME" => *v = format!("m{i}"),
+                "ETCD_INITIAL_CLUSTER" => v.clone_from(&cluster),
+                _ => {}
+            }
+        }
+        env.push(("ETCD_INITIAL_CLUSTER_TOKEN".into(), token.into()));
+        env.push(("ETCD_INITIAL_CLUSTER_STATE".into(), "new".into()));
+        env
     }
 
     fn file(&self, name: &str) -> String {
