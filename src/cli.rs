@@ -826,6 +826,7 @@ pub async fn restore(
         target,
         bump_revision: args.bump_revision,
         bump_clears_store: true,
+        store_wait: args.store_wait,
     };
     let work = crate::restore::restore(&store, &opts, &reaper);
     tokio::pin!(work);

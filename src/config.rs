@@ -362,6 +362,11 @@ pub struct RestoreArgs {
     /// snapshot holds keeps its own)
     #[arg(long, default_value = "1h", value_name = "DURATION", value_parser = parse_lease_ttl)]
     pub gbr_lease_ttl: Duration,
+    /// How long to keep trying while the store does not answer (refused connections, timeouts,
+    /// 5xx), with backoff, saying each time what is awaited; an error the store would repeat
+    /// (no such bucket, access denied) fails at once
+    #[arg(long, default_value = "2m", value_name = "DURATION", env = "ETCD_WARDEN_STORE_WAIT", value_parser = parse_duration_arg)]
+    pub store_wait: Duration,
     /// Exit 0 even when corrupt or missing objects made the restore end below the newest backup
     /// (without it that is exit 2; the restored data dir is left in place either way).
     #[arg(long)]

@@ -435,3 +435,68 @@ fn put_keys_plain(prod: &Prod, prefix: &str, n: usize) {
         .unwrap_or_else(|e| panic!("put: {e}"));
     }
 }
+
+#[test]
+fn restore_waits_for_a_store_that_refuses_connections_at_first() {
+    use common::stores::moto_behind_proxy;
+    let etcd = default_etcd();
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let prod = Prod::new(&ip, dir.path());
+    let (_moto, mut proxy, env) = moto_behind_proxy(&ip);
+    let store = "s3://backups/etcd/wait";
+    let mut opts: Vec<String> = vec!["--store".into(), store.into()];
+    opts.extend(prod.warden_opts());
+    let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+    let mut all_env: Vec<(&str, String)> = env.clone();
+    let etcd_env = prod.etcd_env(&dir.path().join("data"));
+    all_env.extend(etcd_env.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    let w = Warden::builder(&ip, &opts, &[etcd.display().to_string()])
+        .envs(&all_env)
+        .spawn();
+    w.wait_ready(START);
+    wait_for("the first full snapshot in S3", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    drop(w);
+
+    // Finding 10: the store refuses connections for the first seconds of an operator's restore.
+    proxy.cut();
+    let restored = dir.path().join("restored");
+    let mut cmd = std::process::Command::new(WARDEN);
+    cmd.args([
+        "restore",
+        "--store",
+        store,
+        "--bump-revision",
+        "0",
+        "--name",
+        "m1",
+    ])
+    .arg("--data-dir")
+    .arg(&restored)
+    .arg("--etcd")
+    .arg(&etcd)
+    .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    dies_with_test(&mut cmd);
+    let started = std::time::Instant::now();
+    let child = cmd.spawn().unwrap();
+    let outage = Duration::from_secs(6);
+    std::thread::sleep(outage);
+    proxy.restore();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the restore gave up on a store that was down for {outage:?}: {stderr}"
+    );
+    assert!(started.elapsed() >= outage, "{stderr}");
+    assert!(
+        stderr.contains("waiting for the store to answer"),
+        "the restore did not say what it waited for: {stderr}"
+    );
+    assert!(restored.join("member/snap/db").is_file(), "{stderr}");
+}

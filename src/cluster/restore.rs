@@ -142,6 +142,7 @@ pub async fn apply(
         // lands on the same revision however the store grew since.
         bump_revision: plan.bump_revision,
         bump_clears_store: false,
+        store_wait: crate::restore::execute::STORE_WAIT,
     };
     let put_back = |why: String| -> String {
         if !moved {

@@ -49,7 +49,12 @@ pub struct RestoreOptions {
     /// Off for a cluster restore plan, whose bump was fixed when it was written, so that every
     /// member lands on the same revision however the store grew since.
     pub bump_clears_store: bool,
+    /// How long the listing is retried while the store does not answer.
+    pub store_wait: Duration,
 }
+
+/// `RestoreOptions::store_wait` where no operator chose one.
+pub const STORE_WAIT: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RestoreReport {
@@ -126,6 +131,7 @@ impl RestoreOptions {
             // A scratch copy is compared with the live history revision for revision.
             bump_revision: 0,
             bump_clears_store: false,
+            store_wait: STORE_WAIT,
         }
     }
 }
@@ -159,7 +165,7 @@ pub async fn restore(
             path: opts.data_dir.clone(),
         });
     }
-    let (fulls, chains) = store.catalog().await?;
+    let (fulls, chains) = catalog_waiting(store, opts).await?;
     // The newest revision any object names, every chain's: what a bump must clear.
     let named = plan::newest_named(&fulls, &chains);
     let candidates = match opts.target {
@@ -423,6 +429,35 @@ async fn check_tool(opts: &RestoreOptions, reaper: &Reaper) -> Result<(), Restor
             Err(failed(format!("`{} version`: {status}: {said}", tool.display())))
         }
         Err(e) => Err(failed(format!("`{} version`: {e}", tool.display()))),
+    }
+}
+
+/// The store's listing, asked again with backoff while the store does not answer, up to
+/// `opts.store_wait`; each wait is said (log and progress). A store that would give the same
+/// answer again (access denied, no bucket) fails at once.
+async fn catalog_waiting(
+    store: &Store,
+    opts: &RestoreOptions,
+) -> Result<(Vec<crate::store::layout::SnapshotName>, crate::store::Catalog), RestoreError> {
+    let deadline = Instant::now() + opts.store_wait;
+    let mut wait = Duration::from_millis(500);
+    loop {
+        match store.catalog().await {
+            Ok(c) => return Ok(c),
+            Err(e) if e.is_transient() && Instant::now() + wait < deadline => {
+                let why = crate::telemetry::error_chain(&e);
+                let left = deadline.saturating_duration_since(Instant::now());
+                tracing::warn!(error = %why, retry_in_ms = wait.as_millis() as u64, gives_up_in_s = left.as_secs(), "waiting for the store to answer");
+                opts.progress.step(format!(
+                    "waiting for the store to answer (retry in {:.1}s, giving up in {}s): {why}",
+                    wait.as_secs_f64(),
+                    left.as_secs()
+                ));
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 

@@ -154,6 +154,7 @@ pub async fn restore_member(
         target: Target::Latest,
         bump_revision: cfg.restore_bump_revision,
         bump_clears_store: true,
+        store_wait: crate::restore::execute::STORE_WAIT,
     };
     match restore(&store, &opts, reaper).await {
         Ok(report) if floor.is_some_and(|f| report.backed_up_revision < f) => {

@@ -295,6 +295,7 @@ impl Follower {
             // The bump comes at promotion: until then the data dir continues the store's history.
             bump_revision: 0,
             bump_clears_store: true,
+            store_wait: crate::restore::execute::STORE_WAIT,
         };
         let report = crate::restore::restore(&store, &opts, reaper)
             .await

@@ -88,6 +88,24 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// The store did not answer (a refused connection, a timeout, a 5xx once object_store's own
+    /// retries are spent): worth asking again. An answer it would repeat (no such bucket or key,
+    /// access denied, a bad request) is not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::List { source, .. }
+            | Self::Write { source, .. }
+            | Self::Read { source, .. }
+            | Self::Delete { source, .. } => matches!(
+                source,
+                object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// An open backup store.
 #[derive(Clone, Debug)]
 pub struct Store {
