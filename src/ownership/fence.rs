@@ -75,6 +75,7 @@ pub async fn take_final(
     tokio::pin!(abandon);
     let mut private: Option<PrivateEtcd> = None;
     let mut delay = Duration::from_secs(1);
+    let mut served = None;
     let done = loop {
         let outcome = tokio::select! {
             r = attempt(cfg, reaper, status, &mut private) => r,
@@ -82,6 +83,7 @@ pub async fn take_final(
         };
         match outcome {
             Ok(Taken::New(info)) => {
+                served = Some(info.revision);
                 tracing::info!(key = %info.key, revision = info.revision, bytes = info.stored_bytes, "final snapshot uploaded");
                 status.send_modify(|s| {
                     s.final_snapshots_total += 1;
@@ -91,6 +93,7 @@ pub async fn take_final(
                 break true;
             }
             Ok(Taken::AlreadyFinal(rev)) => {
+                served = Some(rev);
                 tracing::info!(
                     revision = rev,
                     "the newest snapshot is already final at this revision; not taking another"
@@ -115,6 +118,13 @@ pub async fn take_final(
     };
     if let Some(p) = private.take() {
         p.stop().await;
+        // The next start-up check need not start another private etcd on the same files.
+        if let Some(revision) = served {
+            crate::restore::startup::served_by_private_etcd(
+                &crate::etcd::MemberDirs::of(&cfg.etcd),
+                revision,
+            );
+        }
     }
     done
 }

@@ -65,9 +65,65 @@ pub fn offline_revision(dirs: &MemberDirs) -> Option<i64> {
     }
 }
 
+/// The data dir as a private etcd last left it (every file's path, size and modification time)
+/// and the revision it served then. A validation of a data dir that nothing touched since reuses
+/// it instead of starting a private etcd again (2-3 s on a busy machine), so a start-up check
+/// interrupted again and again (ownership flapping) still gets etcd started. In memory only: a
+/// new warden validates once.
+static LAST_SERVED: std::sync::Mutex<Option<(Vec<FileStamp>, i64)>> = std::sync::Mutex::new(None);
+
+type FileStamp = (std::path::PathBuf, u64, Option<std::time::SystemTime>);
+
+/// Every file under the data dir and the WAL dir, with its size and modification time, sorted;
+/// `None` when a directory cannot be read.
+fn stamp(dirs: &MemberDirs) -> Option<Vec<FileStamp>> {
+    let mut out = Vec::new();
+    let mut todo: Vec<std::path::PathBuf> = std::iter::once(dirs.data.clone())
+        .chain(dirs.wal.clone())
+        .collect();
+    while let Some(dir) = todo.pop() {
+        for e in std::fs::read_dir(&dir).ok()? {
+            let e = e.ok()?;
+            let meta = e.metadata().ok()?;
+            if meta.is_dir() {
+                todo.push(e.path());
+            } else {
+                out.push((e.path(), meta.len(), meta.modified().ok()));
+            }
+        }
+    }
+    out.sort();
+    Some(out)
+}
+
+/// Records that a private etcd, now stopped, served `dirs` at `revision` (a validation, the
+/// fence's final snapshot).
+pub fn served_by_private_etcd(dirs: &MemberDirs, revision: i64) {
+    if let (Some(st), Ok(mut last)) = (stamp(dirs), LAST_SERVED.lock()) {
+        *last = Some((st, revision));
+    }
+}
+
+/// The revision a private etcd served `dirs` at, if nothing touched them since.
+fn served_untouched(dirs: &MemberDirs) -> Option<i64> {
+    let now = stamp(dirs)?;
+    let last = LAST_SERVED.lock().ok()?;
+    match last.as_ref() {
+        Some((st, revision)) if *st == now => Some(*revision),
+        _ => None,
+    }
+}
+
 /// A present data dir, validated by a private etcd: its revision, why etcd refused it, or why
 /// nothing could be learnt (which is no evidence against it).
 pub async fn validate(cfg: &RunConfig, reaper: &Reaper, dirs: &MemberDirs) -> Local {
+    if let Some(revision) = served_untouched(dirs) {
+        tracing::info!(
+            revision,
+            "the data dir is as a private etcd left it at this revision: not validated again"
+        );
+        return Local::At(revision);
+    }
     // Beside the data dir: writable wherever the data dir's parent is (a FROM-scratch image has
     // no /tmp).
     let log = beside(&dirs.data, ".validate.log");
@@ -96,7 +152,10 @@ pub async fn validate(cfg: &RunConfig, reaper: &Reaper, dirs: &MemberDirs) -> Lo
     .await;
     let _ = std::fs::remove_file(&log);
     match check {
-        Ok(rev) => Local::At(rev),
+        Ok(rev) => {
+            served_by_private_etcd(dirs, rev);
+            Local::At(rev)
+        }
         Err((true, e)) => Local::Broken(e),
         Err((false, e)) => Local::Unknown(e),
     }
@@ -225,5 +284,27 @@ pub fn local_fact(dirs: &MemberDirs) -> Local {
         Local::Missing
     } else {
         Local::Present
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_untouched_data_dir_is_not_validated_again_and_a_touched_one_is() {
+        let t = tempfile::tempdir().unwrap();
+        let dirs = MemberDirs::data_only(&t.path().join("data"));
+        std::fs::create_dir_all(dirs.data.join("member/wal")).unwrap();
+        std::fs::write(dirs.data.join("member/wal/0.wal"), b"x").unwrap();
+        assert_eq!(served_untouched(&dirs), None);
+        served_by_private_etcd(&dirs, 42);
+        assert_eq!(served_untouched(&dirs), Some(42));
+        // etcd (or anything) wrote to it since: validated again.
+        std::fs::write(dirs.data.join("member/wal/1.wal"), b"y").unwrap();
+        assert_eq!(served_untouched(&dirs), None);
+        served_by_private_etcd(&dirs, 43);
+        std::fs::write(dirs.data.join("member/wal/1.wal"), b"yz").unwrap();
+        assert_eq!(served_untouched(&dirs), None);
     }
 }
