@@ -218,6 +218,11 @@ fn a_fallback_to_an_older_chain_bumps_past_every_revision_the_store_names() {
     fallback_bumps_past_the_store(&default_etcd());
 }
 
+#[test]
+fn etcd_3_7_a_fallback_to_an_older_chain_bumps_past_every_revision_the_store_names() {
+    fallback_bumps_past_the_store(&etcd37());
+}
+
 /// Finding 4: a restore that falls back to an older chain (the newest full corrupt) bumped from
 /// that chain's revision, below the revisions the newer chain (itself a bumped restore) had
 /// already served: revisions handed out twice. The bump now clears every revision the store names.
@@ -336,6 +341,11 @@ fn a_tls_cluster_configured_by_env_boots_together_and_a_lost_member_rejoins() {
     tls_cluster_by_env(&default_etcd());
 }
 
+#[test]
+fn etcd_3_7_a_tls_cluster_configured_by_env_boots_together_and_a_lost_member_rejoins() {
+    tls_cluster_by_env(&etcd37());
+}
+
 /// docs/cluster.md's three-member cluster, as its env file writes it: https for clients and peers
 /// with client certificates, `--cluster-endpoints`, every etcd setting an `ETCD_*` variable
 /// (`ETCD_INITIAL_CLUSTER_STATE=new` left in place). Finding 5: the three started together
@@ -390,7 +400,7 @@ fn tls_cluster_by_env(etcd: &Path) {
             .find(|m| m.0 == name)
             .map(|m| m.1)
     });
-    put_keys_plain(&members[writer_i], "/before", 20);
+    put_keys_plain(&members[writer_i], &ctl, "/before", 20);
 
     let w = wardens[victim].as_ref().unwrap();
     let etcd_pid = w.etcd_pid().unwrap();
@@ -425,14 +435,10 @@ fn tls_cluster_by_env(etcd: &Path) {
 }
 
 /// Puts `n` keys through `prod`'s member with its client certificate (no etcd auth).
-fn put_keys_plain(prod: &Prod, prefix: &str, n: usize) {
+fn put_keys_plain(prod: &Prod, ctl: &Path, prefix: &str, n: usize) {
     for i in 0..n {
-        prod.etcdctl(
-            &etcdctl_for(&default_etcd()),
-            false,
-            &["put", &format!("{prefix}/{i:03}"), "v"],
-        )
-        .unwrap_or_else(|e| panic!("put: {e}"));
+        prod.etcdctl(ctl, false, &["put", &format!("{prefix}/{i:03}"), "v"])
+            .unwrap_or_else(|e| panic!("put: {e}"));
     }
 }
 
