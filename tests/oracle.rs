@@ -1,0 +1,289 @@
+//! The differential oracle: after a seeded random mix of writes on etcd as operators run it (TLS,
+//! client certificates, etcd auth, `ETCD_*` variables), the warden's restore of revision R equals
+//! `etcdutl snapshot restore` of a snapshot etcd itself took at R, bucket by bucket. The seed is
+//! printed; `ORACLE_SEED=N` replays one.
+//!
+//! The mix: puts, deletes, range deletes, transactions and leases granted with keys attached.
+//! Not yet in it (issue 40, open): lease revocations and leases with no key, auth changes after
+//! the full, member changes and compactions inside the window; each is a known difference the
+//! restore does not carry yet.
+#![allow(clippy::disallowed_methods)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::prod::Prod;
+use common::*;
+use etcd_client::{Compare, CompareOp, DeleteOptions, PutOptions, Txn, TxnOp};
+use etcd_warden::restore::bolt::{BoltFile, BucketValue};
+
+const START: Duration = Duration::from_secs(90);
+
+/// The buckets compared, and the meta keys etcd's restore sets from the restore itself (raft
+/// index and term, the member's conf state), which are left out.
+const BUCKETS: &[&str] = &[
+    "key",
+    "lease",
+    "auth",
+    "authUsers",
+    "authRoles",
+    "members",
+    "members_removed",
+    "cluster",
+    "meta",
+];
+const META_OWN: &[&[u8]] = &[b"consistent_index", b"term", b"confState"];
+
+type Dump = BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>;
+
+/// Every compared bucket of the db in `data` (read from a copy: the reader locks the file).
+fn dump(data: &Path, scratch: &Path) -> Dump {
+    let copy = scratch.join("db");
+    std::fs::copy(data.join("member/snap/db"), &copy).unwrap();
+    let db = BoltFile::open(&copy).unwrap();
+    let mut out = Dump::new();
+    for (_, name, value) in db.root_items().unwrap() {
+        let name = String::from_utf8_lossy(&name).into_owned();
+        if !BUCKETS.contains(&name.as_str()) {
+            continue;
+        }
+        let b = BucketValue::parse(&value).unwrap();
+        let mut items = BTreeMap::new();
+        db.visit_bucket(&b, |k, v| {
+            if !(name == "meta" && META_OWN.contains(&k)) {
+                items.insert(k.to_vec(), v.to_vec());
+            }
+        })
+        .unwrap();
+        out.insert(name, items);
+    }
+    drop(db);
+    std::fs::remove_file(&copy).unwrap();
+    out
+}
+
+/// The differences between two dumps, one line each (at most `limit`).
+fn differences(want: &Dump, got: &Dump, limit: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in BUCKETS {
+        let empty = BTreeMap::new();
+        let (w, g) = (
+            want.get(*name).unwrap_or(&empty),
+            got.get(*name).unwrap_or(&empty),
+        );
+        for (k, v) in w {
+            match g.get(k) {
+                None => out.push(format!("{name}: {} missing", hex::encode(k))),
+                Some(gv) if gv != v => out.push(format!(
+                    "{name}: {} is {} (etcd: {})",
+                    hex::encode(k),
+                    hex::encode(gv),
+                    hex::encode(v)
+                )),
+                _ => {}
+            }
+        }
+        for k in g.keys().filter(|k| !w.contains_key(*k)) {
+            out.push(format!("{name}: {} extra", hex::encode(k)));
+        }
+    }
+    out.truncate(limit);
+    out
+}
+
+/// `n` random operations of the mix on `c`.
+async fn mix(c: &mut etcd_client::Client, rng: &mut fastrand::Rng, n: usize) {
+    let key = |rng: &mut fastrand::Rng| format!("/r/{}/{:02}", rng.u8(0..3), rng.u8(0..12));
+    for _ in 0..n {
+        match rng.u8(0..100) {
+            0..50 => {
+                let v = format!(
+                    "{{\"v\":{},\"pad\":\"{}\"}}",
+                    rng.u32(..),
+                    "x".repeat(rng.usize(0..200))
+                );
+                c.put(key(rng), v, None).await.unwrap();
+            }
+            50..65 => {
+                c.delete(key(rng), None).await.unwrap();
+            }
+            65..72 => {
+                let prefix = format!("/r/{}/0", rng.u8(0..3));
+                c.delete(prefix, Some(DeleteOptions::new().with_prefix()))
+                    .await
+                    .unwrap();
+            }
+            72..88 => {
+                let a = key(rng);
+                // etcd refuses a transaction that names one key twice.
+                let b = format!("{a}-other");
+                let txn = Txn::new()
+                    .when([Compare::version(a.clone(), CompareOp::Greater, 0)])
+                    .and_then([
+                        TxnOp::put(a.clone(), format!("txn-{}", rng.u32(..)), None),
+                        TxnOp::delete(b.clone(), None),
+                    ])
+                    .or_else([TxnOp::put(b, "txn-else", None)]);
+                c.txn(txn).await.unwrap();
+            }
+            _ => {
+                let ttl = rng.i64(600..3600);
+                let id = c.lease_grant(ttl, None).await.unwrap().id();
+                c.put(key(rng), "leased", Some(PutOptions::new().with_lease(id)))
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
+
+fn run(cmd: &mut Command, what: &str) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn oracle(etcd: &Path) {
+    let seed: u64 = std::env::var("ORACLE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("oracle seed {seed} (replay with ORACLE_SEED={seed})");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let ctl = etcdctl_for(etcd);
+    let utl = etcd.with_file_name("etcdutl");
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let prod = Prod::new(&ip, dir.path());
+    let data = dir.path().join("data");
+    let store = format!("file://{}", dir.path().join("store").display());
+    let mut opts: Vec<String> = vec![
+        "--store".into(),
+        store.clone(),
+        "--delta-snapshot-period".into(),
+        "300ms".into(),
+    ];
+    opts.extend(prod.warden_opts());
+    let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
+    let env = prod.etcd_env(&data);
+    let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let w = Warden::builder(&ip, &opts, &[etcd.display().to_string()])
+        .envs(&env)
+        .spawn();
+    w.wait_ready(START);
+    wait_for("the first full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    let fulls = w.status()["backup"]["fulls_total"].as_u64().unwrap();
+    prod.enable_auth(&ctl);
+    wait_for("a full snapshot after auth enable", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() > Some(fulls)).then_some(())
+    });
+    w.wait_ready(START);
+
+    let snap = dir.path().join("etcd-at-r.db");
+    let (r, last) = rt().block_on(async {
+        let mut c = prod.client().await.expect("connect as root over TLS");
+        mix(&mut c, &mut rng, 120).await;
+        // etcd's own snapshot at R, between two halves of the mix.
+        let r = c.get("nothing", None).await.unwrap().header().unwrap().revision();
+        run(
+            Command::new(&ctl)
+                .env("ETCDCTL_API", "3")
+                .arg(format!("--endpoints=https://{ip}:2379"))
+                .arg(format!("--cacert={}", prod.pki.join("ca.crt").display()))
+                .arg(format!(
+                    "--cert={}",
+                    prod.pki.join("healthcheck-client.crt").display()
+                ))
+                .arg(format!(
+                    "--key={}",
+                    prod.pki.join("healthcheck-client.key").display()
+                ))
+                .arg(format!("--user=root:{}", common::prod::ROOT_PASSWORD))
+                .args(["snapshot", "save"])
+                .arg(&snap),
+            "etcdctl snapshot save",
+        );
+        mix(&mut c, &mut rng, 120).await;
+        let last = c.get("nothing", None).await.unwrap().header().unwrap().revision();
+        (r, last)
+    });
+    let status = run(
+        Command::new(&utl)
+            .args(["snapshot", "status", "-w", "json"])
+            .arg(&snap),
+        "etcdutl snapshot status",
+    );
+    let snap_rev = serde_json::from_str::<serde_json::Value>(&status).unwrap()["revision"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(snap_rev, r, "no write came between the read and the snapshot");
+    wait_for(&format!("revision {last} in the store"), START, || {
+        let head = backups_list(&store, &[])
+            .iter()
+            .filter_map(|x| x["last"].as_i64())
+            .max()
+            .unwrap_or(0);
+        (head >= last).then_some(())
+    });
+    drop(w);
+
+    let cluster = format!("m1=https://{ip}:2380");
+    let peer = format!("https://{ip}:2380");
+    let theirs = dir.path().join("etcdutl-restore");
+    run(
+        Command::new(&utl)
+            .args(["snapshot", "restore"])
+            .arg(&snap)
+            .arg("--data-dir")
+            .arg(&theirs)
+            .args(["--name", "m1", "--initial-cluster", &cluster])
+            .args(["--initial-advertise-peer-urls", &peer]),
+        "etcdutl snapshot restore",
+    );
+    let ours = dir.path().join("warden-restore");
+    run(
+        Command::new(WARDEN)
+            .args(["restore", "--store", &store, "--bump-revision", "0"])
+            .args(["--to-revision", &r.to_string()])
+            .arg("--data-dir")
+            .arg(&ours)
+            .args(["--name", "m1", "--initial-cluster", &cluster])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .arg("--etcd")
+            .arg(etcd),
+        "etcd-warden restore --to-revision",
+    );
+    let scratch = tempfile::tempdir().unwrap();
+    let (want, got) = (dump(&theirs, scratch.path()), dump(&ours, scratch.path()));
+    assert!(
+        want.get("key").is_some_and(|k| k.len() > 50),
+        "the mix wrote little: {:?}",
+        want.iter().map(|(b, m)| (b, m.len())).collect::<Vec<_>>()
+    );
+    let diff = differences(&want, &got, 20);
+    assert!(
+        diff.is_empty(),
+        "seed {seed}: the warden's restore of revision {r} differs from etcdutl's restore of etcd's snapshot at {r}:\n{}",
+        diff.join("\n")
+    );
+}
+
+#[test]
+fn the_restore_at_r_equals_etcds_own_snapshot_at_r() {
+    oracle(&default_etcd());
+}
+
+#[test]
+fn etcd_3_7_the_restore_at_r_equals_etcds_own_snapshot_at_r() {
+    oracle(&etcd37());
+}
