@@ -271,9 +271,13 @@ fn oracle(etcd: &Path) {
         want.iter().map(|(b, m)| (b, m.len())).collect::<Vec<_>>()
     );
     let diff = differences(&want, &got, 20);
+    let listed: Vec<String> = backups_list(&store, &[])
+        .iter()
+        .map(|x| format!("{} {}..{}", x["kind"], x["first"], x["last"]))
+        .collect();
     assert!(
         diff.is_empty(),
-        "seed {seed}: the warden's restore of revision {r} differs from etcdutl's restore of etcd's snapshot at {r}:\n{}",
+        "seed {seed}: the warden's restore of revision {r} differs from etcdutl's restore of etcd's snapshot at {r}:\n{}\nthe store: {listed:?}",
         diff.join("\n")
     );
 }

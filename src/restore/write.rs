@@ -227,6 +227,7 @@ fn write_deltas_blocking(
             .ok_or_else(|| Failure::Local("the delta fetcher stopped early".into()))?;
         let mut decoder = Decoder::new();
         let mut stop = false;
+        let mut pending_leases: std::collections::HashMap<i64, i64> = Default::default();
         // A failure to write into the db is this machine's, not the delta's.
         let mut write_failed = None;
         // Past a point-in-time target the rest of the delta is still read, for its digest.
@@ -234,11 +235,21 @@ fn write_deltas_blocking(
             for rec in decoder.push(raw).map_err(|e| e.to_string())? {
                 match rec {
                     _ if stop => {}
-                    Record::Lease(l) => file.add_lease(l.id, l.granted_ttl),
+                    // Held until a revision this restore applies uses it: a delta written before
+                    // the writer ordered them may hold a lease's record ahead of an earlier
+                    // revision, where a point-in-time restore may stop.
+                    Record::Lease(l) => {
+                        pending_leases.insert(l.id, l.granted_ttl);
+                    }
                     Record::Revision(r) => match step(&r, file.revision(), cand, delta)? {
                         Step::Skip => applied_digests.check(&r, delta)?,
                         Step::Stop => stop = true,
                         Step::Apply => {
+                            for e in &r.events {
+                                if let Some(ttl) = pending_leases.remove(&e.lease) {
+                                    file.add_lease(e.lease, ttl);
+                                }
+                            }
                             file.apply(&r).map_err(|e| {
                                 let e = format!("write {} into the restored db: {e}", delta.key());
                                 write_failed = Some(e.clone());

@@ -1812,6 +1812,12 @@ pub(super) async fn append_events(
             EtcdEventType::Delete => EventType::Delete,
         };
         if kind == EventType::Put && buf.needs_lease(kv.lease()) {
+            // The lease's record goes right before the revision that first uses it, never before
+            // an earlier revision still being grouped: a point-in-time restore that stops at
+            // that earlier revision must not get a lease granted after it.
+            if let Some(done) = current.take_if(|r| r.revision != rev) {
+                buf.push(&done).map_err(AppendError::Gap)?;
+            }
             let granted_ttl = lease_granted_ttl(client, kv.lease())
                 .await
                 .map_err(|_| AppendError::Lease)?;
