@@ -393,8 +393,16 @@ pub fn format_time(ms: u64) -> String {
 
 fn parse_time(s: &str) -> Option<u64> {
     // 20261129T163000123Z → 2026-11-29T16:30:00.123Z
+    // Total: any name from the store is checked byte by byte before it is sliced (a multi-byte
+    // character would otherwise put a slice off a character boundary and abort the warden).
     let b = s.as_bytes();
-    if b.len() != 19 || b[8] != b'T' || b[18] != b'Z' {
+    let shaped = b.len() == 19
+        && b.iter().enumerate().all(|(i, c)| match i {
+            8 => *c == b'T',
+            18 => *c == b'Z',
+            _ => c.is_ascii_digit(),
+        });
+    if !shaped {
         return None;
     }
     let rfc = format!(
@@ -452,6 +460,26 @@ mod tests {
             });
         }
         v
+    }
+
+    #[test]
+    fn any_character_anywhere_in_a_name_is_refused_not_a_panic() {
+        // Each character of real names replaced by multi-byte ones, and cut at every character:
+        // every result is a parse error or a name, never a panic.
+        for n in names().into_iter().take(40) {
+            let key = n.key();
+            let chars: Vec<char> = key.chars().collect();
+            for i in 0..chars.len() {
+                for c in ['é', '€', '😀', '\u{0}'] {
+                    let mut v = chars.clone();
+                    v[i] = c;
+                    let _ = SnapshotName::parse(&v.iter().collect::<String>());
+                }
+                let _ = SnapshotName::parse(&chars[..i].iter().collect::<String>());
+            }
+        }
+        let hostile = "v1/full/full-00000000000000000099-202é204T215500000Z-zstd-plain.ews";
+        assert!(SnapshotName::parse(hostile).is_err());
     }
 
     #[test]
