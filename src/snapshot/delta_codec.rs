@@ -97,9 +97,19 @@ pub enum DecodeError {
     Tag { tag: u8, offset: u64 },
     #[error("unknown event type {kind} at byte {offset}")]
     EventType { kind: u8, offset: u64 },
+    #[error(
+        "a record at byte {offset} claims {claimed} bytes, over the {MAX_RECORD}-byte bound no revision of etcd's reaches"
+    )]
+    TooLarge { offset: u64, claimed: u64 },
     #[error("payload ends inside a record ({pending} bytes left over)")]
     Truncated { pending: usize },
 }
+
+/// The largest record a delta may hold: one revision's events, bounded before anything of it is
+/// allocated or buffered. etcd refuses requests over its `--max-request-bytes` (1.5 MiB by
+/// default; the warden's own replay allows 64 MiB), and a range delete's events carry keys only;
+/// a claim past this is a damaged or forged delta, never a revision.
+pub const MAX_RECORD: u64 = 256 << 20;
 
 /// Push-style decoder: feed bytes in any chunking, take whole records out.
 #[derive(Default)]
@@ -183,6 +193,11 @@ fn parse_one(c: &mut Cursor<'_>, offset: u64) -> Result<Option<Record>, DecodeEr
             let (Some(revision), Some(n)) = (c.i64(), c.u32()) else {
                 return Ok(None);
             };
+            // Each event takes at least 33 bytes.
+            let too_large = |claimed: u64| DecodeError::TooLarge { offset, claimed };
+            if u64::from(n) * 33 > MAX_RECORD {
+                return Err(too_large(u64::from(n) * 33));
+            }
             let mut events = Vec::with_capacity(n.min(1024) as usize);
             for _ in 0..n {
                 let Some(kind) = c.u8() else { return Ok(None) };
@@ -192,10 +207,16 @@ fn parse_one(c: &mut Cursor<'_>, offset: u64) -> Result<Option<Record>, DecodeEr
                     k => return Err(DecodeError::EventType { kind: k, offset }),
                 };
                 let Some(klen) = c.u32() else { return Ok(None) };
+                if c.pos as u64 + u64::from(klen) > MAX_RECORD {
+                    return Err(too_large(c.pos as u64 + u64::from(klen)));
+                }
                 let Some(key) = c.take(klen as usize).map(<[u8]>::to_vec) else {
                     return Ok(None);
                 };
                 let Some(vlen) = c.u32() else { return Ok(None) };
+                if c.pos as u64 + u64::from(vlen) > MAX_RECORD {
+                    return Err(too_large(c.pos as u64 + u64::from(vlen)));
+                }
                 let Some(value) = c.take(vlen as usize).map(<[u8]>::to_vec) else {
                     return Ok(None);
                 };
@@ -220,6 +241,29 @@ fn parse_one(c: &mut Cursor<'_>, offset: u64) -> Result<Option<Record>, DecodeEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claim_past_the_bound_is_refused_before_its_bytes_arrive() {
+        // One event claiming a 4 GiB value, in a 30-byte prefix: refused at once, nothing
+        // buffered waiting for the rest.
+        let mut b = vec![TAG_REVISION];
+        b.extend_from_slice(&5i64.to_le_bytes());
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.push(0);
+        b.extend_from_slice(&1u32.to_le_bytes());
+        b.push(b'k');
+        b.extend_from_slice(&u32::MAX.to_le_bytes());
+        let mut d = Decoder::new();
+        assert!(matches!(d.push(&b), Err(DecodeError::TooLarge { .. })));
+        // A count of events no record could hold.
+        let mut b = vec![TAG_REVISION];
+        b.extend_from_slice(&5i64.to_le_bytes());
+        b.extend_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            Decoder::new().push(&b),
+            Err(DecodeError::TooLarge { .. })
+        ));
+    }
 
     fn sample() -> Vec<Record> {
         let mut v = vec![Record::Lease(Lease {
