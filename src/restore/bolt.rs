@@ -271,6 +271,13 @@ impl BoltFile {
         }
         let overflow = u32_at(&b, 12) as usize;
         if overflow > 0 {
+            // Bounded before it is allocated: the pages must lie inside the file's own pages.
+            if id.saturating_add(overflow as u64) >= self.meta.pgid {
+                return Err(BoltError::Corrupt(format!(
+                    "page {id} claims {overflow} overflow pages, past the file's pages 2..{}",
+                    self.meta.pgid
+                )));
+            }
             b.resize((overflow + 1) * self.page_size, 0);
             self.file
                 .read_exact_at(&mut b[self.page_size..], (id + 1) * self.page_size as u64)?;
@@ -612,6 +619,19 @@ mod tests {
         raw[..ps].copy_from_slice(&Meta { txid: 0, ..meta }.page(ps));
         raw[ps..2 * ps].copy_from_slice(&meta.page(ps));
         (ps, meta, raw)
+    }
+
+    #[test]
+    fn a_page_claiming_overflow_pages_past_the_file_is_refused_before_allocating() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("db");
+        let (ps, _, mut raw) = three_pages();
+        // Page 2 (the root) says it is page 2 and runs on for 0xFFFFFFFF pages: 16 TiB at 4 KiB.
+        raw[2 * ps..2 * ps + 8].copy_from_slice(&2u64.to_le_bytes());
+        raw[2 * ps + 12..2 * ps + 16].copy_from_slice(&u32::MAX.to_le_bytes());
+        std::fs::write(&path, &raw).expect("write");
+        let db = BoltFile::open(&path).expect("the metas are sound");
+        assert!(matches!(db.root_items(), Err(BoltError::Corrupt(m)) if m.contains("overflow")));
     }
 
     #[test]
