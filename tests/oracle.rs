@@ -291,3 +291,8 @@ fn the_restore_at_r_equals_etcds_own_snapshot_at_r() {
 fn etcd_3_7_the_restore_at_r_equals_etcds_own_snapshot_at_r() {
     oracle(&etcd37());
 }
+
+#[test]
+fn etcd_3_5_the_restore_at_r_equals_etcds_own_snapshot_at_r() {
+    oracle(&etcd35());
+}
