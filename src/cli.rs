@@ -601,8 +601,16 @@ async fn kube_keys_cmd(url: &str, config: &Path, keys: Keys) -> i32 {
             return 1;
         }
     };
-    // One full at a time, in a scratch file removed after each.
-    let path = std::env::temp_dir().join(format!("etcd-warden-kube-keys-{}.db", std::process::id()));
+    // One full at a time, in a scratch file removed after each, in a directory only this process
+    // may enter (a decrypted database must not land where another user can read or redirect it).
+    let scratch = match private_temp_dir("etcd-warden-kube-keys") {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("etcd-warden: create a private scratch dir: {e}");
+            return 1;
+        }
+    };
+    let path = scratch.join("full.db");
     let mut code = 0;
     for full in &fulls {
         let key = full.key();
@@ -644,6 +652,7 @@ async fn kube_keys_cmd(url: &str, config: &Path, keys: Keys) -> i32 {
             }
         }
     }
+    let _ = std::fs::remove_dir_all(&scratch);
     code
 }
 
@@ -984,13 +993,24 @@ pub async fn verify_deep(
 }
 
 fn tempfile_dir() -> std::io::Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!(
-        "etcd-warden-verify-{}-{}",
-        std::process::id(),
-        crate::store::layout::now_ms()
-    ));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+    private_temp_dir("etcd-warden-verify")
+}
+
+/// A new directory in the system's temporary directory that only this user may enter (0700),
+/// under a name nobody can guess, created exclusively: a name another user created first (a
+/// directory, a file or a symlink) is never used, another is drawn.
+fn private_temp_dir(prefix: &str) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut last = None;
+    for _ in 0..16 {
+        let dir = std::env::temp_dir().join(format!("{prefix}-{:016x}", fastrand::u64(..)));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free name")))
 }
 
 /// `--bump-revision N` (the compaction mark implied) and `--mark-compacted` as `restore` and

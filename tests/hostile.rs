@@ -67,3 +67,55 @@ fn a_name_with_a_multibyte_character_takes_nothing_down() {
         w.log_text()
     );
 }
+
+/// Finding 6: `backups verify --kube-encryption-config` wrote the decrypted full to
+/// `$TMPDIR/etcd-warden-kube-keys-<pid>.db` with a plain create, so another local user could plant
+/// a symlink there and have the warden overwrite any file, or read the database. The scratch file
+/// now lives in a fresh 0700 directory under a name nobody can guess.
+#[test]
+fn verify_with_a_kube_encryption_config_never_writes_through_a_planted_name() {
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let (w, store) = warden_with_file_store(&default_etcd(), &ip, dir.path(), &[]);
+    drop(w);
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "untouched").unwrap();
+    let config = dir.path().join("encryption.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n  - aescbc:\n      keys:\n      - name: key1\n        secret: a2V5MS0tLS0tLS0tLS0tLS0tLS0tLS0tLS0tLS0tLS0=\n  - identity: {}\n",
+    )
+    .unwrap();
+    // The shell plants the symlink at the name its own pid gives, then becomes the warden.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(r#"ln -s "$VICTIM" "$TMPDIR/etcd-warden-kube-keys-$$.db" && exec "$WARDEN" backups verify --store "$STORE" --kube-encryption-config "$CONFIG""#)
+        .env("VICTIM", &victim)
+        .env("TMPDIR", &tmp)
+        .env("WARDEN", WARDEN)
+        .env("STORE", &store)
+        .env("CONFIG", &config)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("no value encrypted at rest"), "{said}");
+    let victim_now = std::fs::read(&victim).unwrap();
+    assert!(
+        victim_now == b"untouched",
+        "the warden wrote {} bytes through a name another user planted: {said}",
+        victim_now.len()
+    );
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "only the planted link is left: {left:?}");
+}
