@@ -178,16 +178,6 @@ fn assert_no_chain_break(w: &Warden) {
     );
 }
 
-/// Kills a warden and its etcd the hard way (a lost node), and waits until etcd is gone.
-fn kill_node(mut w: Warden) {
-    let etcd = w.etcd_pid().expect("etcd pid");
-    w.signal(Signal::SIGKILL);
-    w.wait_exit(START);
-    wait_for("etcd to die with its warden", START, || {
-        (!alive(etcd)).then_some(())
-    });
-}
-
 /// Puts `n` keys under `prefix` as root over TLS; returns the last revision.
 fn put_keys(prod: &Prod, prefix: &str, n: usize) -> i64 {
     rt().block_on(async {
@@ -242,7 +232,7 @@ fn fallback_bumps_past_the_store(etcd: &Path) {
     wait_for(&format!("revision {a} in the store"), START, || {
         (store_head(&store) >= a).then_some(())
     });
-    kill_node(w);
+    kill_node(w, START);
     std::fs::remove_dir_all(&data).unwrap();
 
     // Chain B: the restore of chain A, bumped, and writes on it.
@@ -259,7 +249,7 @@ fn fallback_bumps_past_the_store(etcd: &Path) {
     });
     // Finding 9: a restore starts a new chain; the bump's compaction is no chain break.
     assert_no_chain_break(&w);
-    kill_node(w);
+    kill_node(w, START);
     let newest_full = backups_list(&store, &[])
         .into_iter()
         .filter(|r| r["kind"] == "full")

@@ -66,16 +66,6 @@ fn etcd_argv(etcd: &Path, ip: &str, data: &Path) -> Vec<String> {
     argv
 }
 
-/// Kills a warden and its etcd the hard way (a lost node), and waits until etcd is gone.
-fn kill_node(mut w: Warden) {
-    let etcd = w.etcd_pid().expect("etcd pid");
-    w.signal(Signal::SIGKILL);
-    w.wait_exit(START);
-    wait_for("etcd to die with its warden", START, || {
-        (!alive(etcd)).then_some(())
-    });
-}
-
 /// The node is lost after a full snapshot at revision R; clients saw writes up to R + 2. The
 /// restored member serves R + 1e9: the backed-up data, watches resumed between R and R + 2 told
 /// "compacted", and the next write at R + 1e9 + 1.
@@ -107,7 +97,7 @@ fn automatic_restore_never_reuses_a_revision(etcd: &Path) {
         state(&mut c).await.0
     });
     assert_eq!(seen, r + 2);
-    kill_node(w);
+    kill_node(w, START);
     std::fs::remove_dir_all(dir.path().join("data")).unwrap();
 
     let w = Warden::start(

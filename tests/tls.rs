@@ -10,21 +10,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use common::prod::openssl;
 use common::*;
 use etcd_warden::store::{Store, StoreUrl};
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl CLI is installed");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn make_certs(dir: &Path, ip: &str) {
     let ec = [

@@ -170,20 +170,6 @@ impl PrivateEtcd {
             .arg(&endpoint)
             .arg("--listen-peer-urls")
             .arg(format!("https://127.0.0.1:{peer_port}"))
-            .arg("--client-cert-auth")
-            .arg("--trusted-ca-file")
-            .arg(tls.ca())
-            .arg("--cert-file")
-            .arg(tls.cert())
-            .arg("--key-file")
-            .arg(tls.key())
-            .arg("--peer-client-cert-auth")
-            .arg("--peer-trusted-ca-file")
-            .arg(tls.ca())
-            .arg("--peer-cert-file")
-            .arg(tls.cert())
-            .arg("--peer-key-file")
-            .arg(tls.key())
             .arg("--log-level")
             .arg("error")
             .arg("--quota-backend-bytes")
@@ -196,6 +182,16 @@ impl PrivateEtcd {
             .arg((64u32 << 20).to_string())
             .stdout(std::process::Stdio::null())
             .stderr(log);
+        // Both listeners: TLS, and a certificate from the warden's own CA demanded.
+        for listener in ["", "peer-"] {
+            cmd.arg(format!("--{listener}client-cert-auth"))
+                .arg(format!("--{listener}trusted-ca-file"))
+                .arg(tls.ca())
+                .arg(format!("--{listener}cert-file"))
+                .arg(tls.cert())
+                .arg(format!("--{listener}key-file"))
+                .arg(tls.key());
+        }
         if let Some(wal) = wal {
             cmd.arg("--wal-dir").arg(wal);
         }

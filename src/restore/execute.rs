@@ -291,17 +291,8 @@ pub async fn restore(
         if let Some(wal) = &opts.wal_dir {
             place_wal(&built, &opts.data_dir, wal).map_err(RestoreError::Local)?;
         }
-        if bumped_by > 0 {
-            // Before the swap: the writer must never meet the bumped data without it.
-            super::marker::write(
-                &opts.data_dir,
-                super::marker::Restored {
-                    backed_up_revision: revision,
-                    served_revision: served,
-                },
-            )
-            .map_err(RestoreError::Local)?;
-        }
+        // Before the swap: the writer must never meet the bumped data without it.
+        super::marker::record(&opts.data_dir, revision, served).map_err(RestoreError::Local)?;
         if opts.data_dir.exists() {
             std::fs::remove_dir(&opts.data_dir).map_err(io("remove the empty target dir", &opts.data_dir))?;
         }

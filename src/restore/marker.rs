@@ -29,6 +29,21 @@ pub fn write(data_dir: &Path, r: Restored) -> Result<(), String> {
         .map_err(|e| format!("write {}: {e}", to.display()))
 }
 
+/// Records a restore of `data_dir` that served `served` after backing up to `backed_up`; nothing
+/// when there was no bump.
+pub fn record(data_dir: &Path, backed_up: i64, served: i64) -> Result<(), String> {
+    if served == backed_up {
+        return Ok(());
+    }
+    write(
+        data_dir,
+        Restored {
+            backed_up_revision: backed_up,
+            served_revision: served,
+        },
+    )
+}
+
 /// The marker of `data_dir`, if any (4 KiB at most is read; anything else is no marker).
 pub fn read(data_dir: &Path) -> Option<Restored> {
     let mut text = Vec::new();

@@ -173,15 +173,7 @@ impl Follower {
                 .map_err(|e| format!("commit the bumped revision: {e}"))?;
             to
         };
-        if served != backed_up {
-            crate::restore::marker::write(
-                &self.data,
-                crate::restore::marker::Restored {
-                    backed_up_revision: backed_up,
-                    served_revision: served,
-                },
-            )?;
-        }
+        crate::restore::marker::record(&self.data, backed_up, served)?;
         let _ = std::fs::remove_file(super::marker(&self.data));
         self.set(|s| {
             s.state = State::Promoted;
@@ -567,15 +559,7 @@ impl Follower {
                 .map_err(|e| format!("commit the bumped revision: {e}"))?;
             served
         };
-        if served != backed_up {
-            crate::restore::marker::write(
-                &self.data,
-                crate::restore::marker::Restored {
-                    backed_up_revision: backed_up,
-                    served_revision: served,
-                },
-            )?;
-        }
+        crate::restore::marker::record(&self.data, backed_up, served)?;
         crate::failpoint::die("standby-promote-after-bump");
         let _ = std::fs::remove_file(super::marker(&self.data));
         self.set(|s| {

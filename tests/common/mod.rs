@@ -419,6 +419,17 @@ impl Drop for Warden {
     }
 }
 
+/// Kills a warden and its etcd the hard way (a lost node), and waits up to `timeout` until etcd
+/// is gone.
+pub fn kill_node(mut w: Warden, timeout: Duration) {
+    let etcd = w.etcd_pid().expect("etcd pid");
+    w.signal(nix::sys::signal::Signal::SIGKILL);
+    w.wait_exit(timeout);
+    wait_for("etcd to die with its warden", timeout, || {
+        (!alive(etcd)).then_some(())
+    });
+}
+
 /// `etcd-warden ctl --admin-socket SOCKET ARGS`: exit code, stdout, stderr.
 pub fn ctl(socket: &Path, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(WARDEN)

@@ -17,7 +17,8 @@ pub struct Prod {
     pub password_file: PathBuf,
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
+/// Runs the openssl CLI in `dir`; fails the test with its stderr.
+pub fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
         .current_dir(dir)
         .args(args)
