@@ -3,10 +3,10 @@
 //! `etcdutl snapshot restore` of a snapshot etcd itself took at R, bucket by bucket. The seed is
 //! printed; `ORACLE_SEED=N` replays one.
 //!
-//! The mix: puts, deletes, range deletes, transactions and leases granted with keys attached.
-//! Not yet in it (issue 40, open): lease revocations and leases with no key, auth changes after
-//! the full, member changes and compactions inside the window; each is a known difference the
-//! restore does not carry yet.
+//! The mix: puts, deletes, range deletes, transactions, leases granted with keys attached, leases
+//! granted with no key, keep-alives and revocations; before it, seeded auth changes (users,
+//! roles, permissions, a password change) that the warden must carry in a full. Not yet in it
+//! (issue 40, open): member changes and compactions inside the window.
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -95,8 +95,8 @@ fn differences(want: &Dump, got: &Dump, limit: usize) -> Vec<String> {
     out
 }
 
-/// `n` random operations of the mix on `c`.
-async fn mix(c: &mut etcd_client::Client, rng: &mut fastrand::Rng, n: usize) {
+/// `n` random operations of the mix on `c`; `leases` are the live leases it granted.
+async fn mix(c: &mut etcd_client::Client, rng: &mut fastrand::Rng, n: usize, leases: &mut Vec<i64>) {
     let key = |rng: &mut fastrand::Rng| format!("/r/{}/{:02}", rng.u8(0..3), rng.u8(0..12));
     for _ in 0..n {
         match rng.u8(0..100) {
@@ -130,15 +130,63 @@ async fn mix(c: &mut etcd_client::Client, rng: &mut fastrand::Rng, n: usize) {
                     .or_else([TxnOp::put(b, "txn-else", None)]);
                 c.txn(txn).await.unwrap();
             }
-            _ => {
+            88..94 => {
                 let ttl = rng.i64(600..3600);
                 let id = c.lease_grant(ttl, None).await.unwrap().id();
+                leases.push(id);
                 c.put(key(rng), "leased", Some(PutOptions::new().with_lease(id)))
                     .await
                     .unwrap();
             }
+            // A lease with no key: no watch event shows it.
+            94..97 => {
+                let ttl = rng.i64(600..3600);
+                leases.push(c.lease_grant(ttl, None).await.unwrap().id());
+            }
+            97 if !leases.is_empty() => {
+                let id = leases[rng.usize(..leases.len())];
+                c.lease_keep_alive(id).await.unwrap();
+            }
+            _ if !leases.is_empty() => {
+                // Revoked: gone from etcd's lease set, and its keys deleted.
+                let id = leases.swap_remove(rng.usize(..leases.len()));
+                c.lease_revoke(id).await.unwrap();
+            }
+            _ => {}
         }
     }
+    // A write after the last lease change: a lease set the warden lists at this revision or later
+    // was listed after every change above.
+    c.put("/r/end", format!("{}", rng.u32(..)), None).await.unwrap();
+}
+
+/// Seeded auth changes: users with passwords, roles with permissions, grants, a password change.
+async fn auth_changes(c: &mut etcd_client::Client, rng: &mut fastrand::Rng) {
+    let users: Vec<String> = (0..rng.usize(1..4)).map(|i| format!("u{i}")).collect();
+    let roles: Vec<String> = (0..rng.usize(1..3)).map(|i| format!("r{i}")).collect();
+    for r in &roles {
+        c.role_add(r.as_str()).await.unwrap();
+        let perm = etcd_client::Permission::read_write(format!("/r/{}/", rng.u8(0..3))).with_prefix();
+        c.role_grant_permission(r.as_str(), perm).await.unwrap();
+    }
+    for u in &users {
+        c.user_add(u.as_str(), format!("pw-{}", rng.u32(..)), None)
+            .await
+            .unwrap();
+        let r = &roles[rng.usize(..roles.len())];
+        c.user_grant_role(u.as_str(), r.as_str()).await.unwrap();
+    }
+    let u = &users[rng.usize(..users.len())];
+    c.user_change_password(u.as_str(), format!("pw2-{}", rng.u32(..)))
+        .await
+        .unwrap();
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
 }
 
 fn run(cmd: &mut Command, what: &str) -> String {
@@ -189,10 +237,23 @@ fn oracle(etcd: &Path) {
     });
     w.wait_ready(START);
 
+    // Auth changes, then a full that began after them (deltas carry no auth).
+    let changed_at = unix_now();
+    rt().block_on(async {
+        let mut c = prod.client().await.expect("connect as root over TLS");
+        auth_changes(&mut c, &mut rng).await;
+    });
+    wait_for("a full snapshot taken after the auth changes", START, || {
+        let last = &w.status()["backup"]["last_full"];
+        let began = last["at"].as_f64()? - last["duration_seconds"].as_f64()?;
+        (began >= changed_at).then_some(())
+    });
+
     let snap = dir.path().join("etcd-at-r.db");
+    let mut leases = Vec::new();
     let (r, last) = rt().block_on(async {
         let mut c = prod.client().await.expect("connect as root over TLS");
-        mix(&mut c, &mut rng, 120).await;
+        mix(&mut c, &mut rng, 120, &mut leases).await;
         // etcd's own snapshot at R, between two halves of the mix.
         let r = c.get("nothing", None).await.unwrap().header().unwrap().revision();
         run(
@@ -213,7 +274,13 @@ fn oracle(etcd: &Path) {
                 .arg(&snap),
             "etcdctl snapshot save",
         );
-        mix(&mut c, &mut rng, 120).await;
+        // The lease set at R is in the store once the warden listed etcd's leases at R or later.
+        wait_for(
+            &format!("the warden to check etcd's leases at revision {r}"),
+            START,
+            || (w.status()["backup"]["leases_checked_revision"].as_i64() >= Some(r)).then_some(()),
+        );
+        mix(&mut c, &mut rng, 120, &mut leases).await;
         let last = c.get("nothing", None).await.unwrap().header().unwrap().revision();
         (r, last)
     });

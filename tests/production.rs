@@ -148,21 +148,26 @@ fn killed_member_keeps_its_data(etcd: &Path) {
 /// Turns etcd auth on and waits for a full snapshot begun after it: users and `auth enable` live
 /// outside the key space that deltas carry.
 fn enable_auth_and_back_it_up(w: &Warden, prod: &Prod, ctl: &Path) {
+    wait_for("the first full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    full_after(w, "auth enable", || prod.enable_auth(ctl));
+}
+
+/// Runs `change`, then waits for a full snapshot that began after it.
+fn full_after(w: &Warden, what: &str, change: impl FnOnce()) {
     let now = || {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs_f64()
     };
-    wait_for("the first full snapshot", START, || {
-        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
-    });
-    prod.enable_auth(ctl);
-    let enabled_at = now();
-    wait_for("a full snapshot taken after auth enable", START, || {
+    change();
+    let changed_at = now();
+    wait_for(&format!("a full snapshot taken after {what}"), START, || {
         let last = &w.status()["backup"]["last_full"];
         let began = last["at"].as_f64()? - last["duration_seconds"].as_f64()?;
-        (began >= enabled_at).then_some(())
+        (began >= changed_at).then_some(())
     });
 }
 
@@ -286,6 +291,86 @@ fn fallback_bumps_past_the_store(etcd: &Path) {
     });
     assert_no_chain_break(&w);
     let w = w;
+    drop(w);
+}
+
+#[test]
+fn a_password_change_and_auth_disable_after_the_full_survive_a_restore() {
+    auth_changes_survive_a_restore(&default_etcd());
+}
+
+#[test]
+fn etcd_3_7_a_password_change_and_auth_disable_after_the_full_survive_a_restore() {
+    auth_changes_survive_a_restore(&etcd37());
+}
+
+/// Finding 2: auth lives outside the keyspace and its password hashes only in a full snapshot. A
+/// password change or `auth disable` left the users, roles and (as the warden's client saw it)
+/// the auth flag as they were, so no full was taken and a restore brought back the old password
+/// and auth on. etcd's auth revision moves on both; the warden takes a full after either.
+fn auth_changes_survive_a_restore(etcd: &Path) {
+    let ctl = etcdctl_for(etcd);
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let prod = Prod::new(&ip, dir.path());
+    let data = dir.path().join("data");
+    let store = format!("file://{}", dir.path().join("store").display());
+    let extra = ["--delta-snapshot-period", "200ms"];
+    let w = start(etcd, &prod, &data, &store, &extra);
+    w.wait_ready(START);
+    enable_auth_and_back_it_up(&w, &prod, &ctl);
+    full_after(&w, "a new user", || {
+        rt().block_on(async {
+            let mut c = prod.client().await.expect("connect as root over TLS");
+            c.role_add("reader").await.unwrap();
+            let read_a = etcd_client::Permission::read("a/").with_prefix();
+            c.role_grant_permission("reader", read_a).await.unwrap();
+            c.user_add("alice", "old-pw", None).await.unwrap();
+            c.user_grant_role("alice", "reader").await.unwrap();
+            c.put("a/x", "v", None).await.unwrap();
+        })
+    });
+    full_after(&w, "a password change", || {
+        rt().block_on(async {
+            let mut c = prod.client().await.expect("connect as root over TLS");
+            c.user_change_password("alice", "new-pw").await.unwrap();
+        })
+    });
+    full_after(&w, "auth disable", || {
+        rt().block_on(async {
+            let mut c = prod.client().await.expect("connect as root over TLS");
+            c.auth_disable().await.unwrap();
+        })
+    });
+    kill_node(w, START);
+    std::fs::remove_dir_all(&data).unwrap();
+
+    let w = start(etcd, &prod, &data, &store, &extra);
+    w.wait_ready(START);
+    let log = w.log_text();
+    let status = prod.etcdctl(&ctl, false, &["auth", "status"]).unwrap();
+    assert!(
+        status.contains("Authentication Status: false"),
+        "auth was disabled before the restore: {status}\nlog:\n{log}"
+    );
+    prod.etcdctl(&ctl, false, &["auth", "enable"]).unwrap();
+    let get = |pw: &str| {
+        prod.etcdctl(
+            &ctl,
+            false,
+            &[&format!("--user=alice:{pw}"), "get", "a/x", "--print-value-only"],
+        )
+    };
+    assert_eq!(
+        get("new-pw").map(|v| v.trim().to_owned()),
+        Ok("v".to_owned()),
+        "alice's new password"
+    );
+    let old = get("old-pw");
+    assert!(
+        old.as_ref().is_err_and(|e| e.contains("authentication failed")),
+        "alice's old password must be refused after the restore: {old:?}"
+    );
     drop(w);
 }
 

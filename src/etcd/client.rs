@@ -49,6 +49,8 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
+    #[error("etcd at {endpoints}: {message}")]
+    Status { endpoints: String, message: String },
     #[error("connect to etcd at {endpoints}")]
     Connect {
         endpoints: String,
@@ -90,12 +92,7 @@ impl ClientConfig {
     pub async fn connect_auth(&self) -> Result<(Client, bool), ClientError> {
         let options = self.options()?;
         if let Some(u) = &self.user {
-            let password =
-                std::fs::read_to_string(&u.password_file).map_err(|source| ClientError::ReadTls {
-                    path: u.password_file.clone(),
-                    source,
-                })?;
-            let password = password.trim_end_matches(['\n', '\r']);
+            let password = self.password(u)?;
             let with_user = options
                 .clone()
                 .with_user(u.name.clone(), password)
@@ -120,22 +117,129 @@ impl ClientConfig {
             })
     }
 
+    fn password(&self, u: &UserAuth) -> Result<String, ClientError> {
+        let password = std::fs::read_to_string(&u.password_file).map_err(|source| ClientError::ReadTls {
+            path: u.password_file.clone(),
+            source,
+        })?;
+        Ok(password.trim_end_matches(['\n', '\r']).to_owned())
+    }
+
     fn options(&self) -> Result<ConnectOptions, ClientError> {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(self.timeout)
             .with_timeout(self.timeout)
             .with_keep_alive(Duration::from_secs(10), self.timeout);
-        if let Some(tls) = &self.tls {
-            let mut t = TlsOptions::new();
-            if let Some(ca) = &tls.ca {
-                t = t.ca_certificate(Certificate::from_pem(read(ca)?));
-            }
-            if let Some((cert, key)) = &tls.identity {
-                t = t.identity(Identity::from_pem(read(cert)?, read(key)?));
-            }
+        if let Some(t) = self.tls_config()? {
             options = options.with_tls(t);
         }
         Ok(options)
+    }
+}
+
+/// etcd's `AuthStatus`: whether auth is enabled and the auth store's revision, which moves on every
+/// user, role, permission or password change and on `auth enable`/`disable` (etcd 3.5+).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuthStatus {
+    pub enabled: bool,
+    pub revision: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct AuthStatusRequest {}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct AuthStatusResponse {
+    #[prost(bool, tag = "2")]
+    enabled: bool,
+    #[prost(uint64, tag = "3")]
+    auth_revision: u64,
+}
+
+impl ClientConfig {
+    /// A token for the configured user (`None` without one), from `client`'s connection.
+    pub async fn token(&self, client: &Client) -> Result<Option<String>, ClientError> {
+        let Some(u) = &self.user else {
+            return Ok(None);
+        };
+        let password = self.password(u)?;
+        let r = client
+            .auth_client()
+            .authenticate(u.name.clone(), password)
+            .await
+            .map_err(|source| ClientError::Connect {
+                endpoints: self.endpoints.join(","),
+                source,
+            })?;
+        Ok(Some(r.token().to_owned()))
+    }
+
+    /// Asks the first endpoint that answers for etcd's auth status; `Ok(None)` when etcd has no
+    /// such call (3.4). `token` is needed while auth is on and the client certificate's name is
+    /// no user (etcd 3.6 refuses the request then).
+    pub async fn auth_status(&self, token: Option<&str>) -> Result<Option<AuthStatus>, ClientError> {
+        let options = self.tls_config()?;
+        let mut last = None;
+        for url in &self.endpoints {
+            match self.auth_status_at(url, options.clone(), token).await {
+                Ok(s) => return Ok(Some(s)),
+                Err(s) if s.code() == tonic::Code::Unimplemented => return Ok(None),
+                Err(s) => last = Some(s),
+            }
+        }
+        Err(ClientError::Status {
+            endpoints: self.endpoints.join(","),
+            message: last.map_or_else(|| "no endpoint".into(), |s| s.message().to_owned()),
+        })
+    }
+
+    async fn auth_status_at(
+        &self,
+        url: &str,
+        tls: Option<tonic::transport::ClientTlsConfig>,
+        token: Option<&str>,
+    ) -> Result<AuthStatus, tonic::Status> {
+        let unavailable = |e: tonic::transport::Error| tonic::Status::unavailable(e.to_string());
+        let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
+            .map_err(unavailable)?
+            .connect_timeout(self.timeout)
+            .timeout(self.timeout);
+        if let Some(tls) = tls {
+            endpoint = endpoint.tls_config(tls).map_err(unavailable)?;
+        }
+        let channel = endpoint.connect().await.map_err(unavailable)?;
+        let mut grpc = tonic::client::Grpc::new(channel);
+        grpc.ready()
+            .await
+            .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let codec = tonic_prost::ProstCodec::<AuthStatusRequest, AuthStatusResponse>::default();
+        let path = http::uri::PathAndQuery::from_static("/etcdserverpb.Auth/AuthStatus");
+        let mut request = tonic::Request::new(AuthStatusRequest {});
+        if let Some(t) = token {
+            let t = t
+                .parse()
+                .map_err(|_| tonic::Status::unauthenticated("a token etcd cannot have sent"))?;
+            request.metadata_mut().insert("token", t);
+        }
+        let r = grpc.unary(request, path, codec).await?.into_inner();
+        Ok(AuthStatus {
+            enabled: r.enabled,
+            revision: r.auth_revision,
+        })
+    }
+
+    fn tls_config(&self) -> Result<Option<TlsOptions>, ClientError> {
+        let Some(tls) = &self.tls else {
+            return Ok(None);
+        };
+        let mut t = TlsOptions::new();
+        if let Some(ca) = &tls.ca {
+            t = t.ca_certificate(Certificate::from_pem(read(ca)?));
+        }
+        if let Some((cert, key)) = &tls.identity {
+            t = t.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        Ok(Some(t))
     }
 }
 

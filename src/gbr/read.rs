@@ -447,6 +447,7 @@ mod tests {
             .iter()
             .map(|r| match r {
                 Record::Lease(l) => format!("lease {}", l.id),
+                Record::LeaseSet(s) => format!("lease set of {}", s.len()),
                 Record::Revision(r) => format!("revision {}", r.revision),
             })
             .collect();

@@ -238,6 +238,23 @@ impl MvccFile {
         self.leases_changed = true;
     }
 
+    /// Makes `set` the lease bucket (a delta's lease set): leases not in it were revoked or
+    /// expired; those missing are added with their granted TTL. Leases kept keep their value.
+    pub fn set_leases(&mut self, set: &[crate::snapshot::delta_codec::Lease]) {
+        let keep: HashSet<i64> = set.iter().map(|l| l.id).collect();
+        let before = self.leases.len();
+        self.lease_ids.retain(|id| keep.contains(id));
+        self.leases.retain(|k, _| {
+            <[u8; 8]>::try_from(k.as_slice()).is_ok_and(|b| keep.contains(&i64::from_be_bytes(b)))
+        });
+        if self.leases.len() != before {
+            self.leases_changed = true;
+        }
+        for l in set {
+            self.add_lease(l.id, l.granted_ttl);
+        }
+    }
+
     /// Appends the next revision.
     pub fn apply(&mut self, r: &Revision) -> Result<(), BoltError> {
         if r.revision != self.revision + 1 || r.events.is_empty() {

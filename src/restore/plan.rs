@@ -128,7 +128,9 @@ pub fn candidates(
             }
             match target {
                 Target::Full(_) => break,
-                Target::Revision(r) if first > r => break,
+                // The delta right after the target too: a lease set it opens with is etcd's
+                // leases at the target (`delta_codec`); its revisions are not applied.
+                Target::Revision(r) if first > r.saturating_add(1) => break,
                 Target::Time(t) if d.created_ms > t => break,
                 _ => {}
             }
@@ -414,9 +416,13 @@ mod tests {
         assert_eq!(cs[0].deltas.len(), 2);
         assert_eq!(cs[0].stop_at, Some(35));
         assert_eq!(cs[0].target_revision, 35);
+        // The delta after the target is read for the lease set it may open with.
         let cs = candidates(&fulls, &c, Target::Revision(10));
-        assert!(cs[0].deltas.is_empty());
+        assert_eq!(cs[0].deltas.len(), 1);
         assert_eq!(cs[0].stop_at, Some(10));
+        let cs = candidates(&fulls, &c, Target::Revision(30));
+        assert_eq!(cs[0].deltas.len(), 2);
+        assert_eq!(cs[0].stop_at, Some(30));
     }
 
     #[test]

@@ -71,21 +71,16 @@ pub(super) async fn apply_deltas(
             .map_err(|e| Failure::delta(i, e))?;
         for rec in records {
             match rec {
-                Record::Lease(l) => {
-                    if leases.contains(&l.id) || l.granted_ttl <= 0 {
-                        continue;
-                    }
-                    match client
-                        .lease_grant(l.granted_ttl, Some(LeaseGrantOptions::new().with_id(l.id)))
-                        .await
-                    {
-                        Ok(_) => {
-                            leases.insert(l.id);
-                        }
-                        Err(e) if e.to_string().contains("lease already exists") => {
-                            leases.insert(l.id);
-                        }
-                        Err(e) => return Err(Failure::Local(format!("grant lease {:x}: {e}", l.id))),
+                // Through etcd, a lease set only grants what is missing: revoking here could
+                // delete keys and add revisions the history does not have.
+                Record::Lease(_) | Record::LeaseSet(_) => {
+                    let grants = match rec {
+                        Record::Lease(l) => vec![l],
+                        Record::LeaseSet(set) => set,
+                        Record::Revision(_) => unreachable!("matched above"),
+                    };
+                    for l in grants {
+                        grant_lease(&mut client, &mut leases, l).await?;
                     }
                 }
                 Record::Revision(r) => {
@@ -303,4 +298,25 @@ async fn keep_alive(client: &mut Client, leases: &HashSet<i64>) {
             let _ = tokio::time::timeout(Duration::from_secs(1), stream.message()).await;
         }
     }
+}
+
+/// Grants `l` in the replaying etcd unless it holds it already or it was gone when recorded.
+async fn grant_lease(
+    client: &mut etcd_client::Client,
+    leases: &mut HashSet<i64>,
+    l: crate::snapshot::delta_codec::Lease,
+) -> Result<(), Failure> {
+    if leases.contains(&l.id) || l.granted_ttl <= 0 {
+        return Ok(());
+    }
+    match client
+        .lease_grant(l.granted_ttl, Some(LeaseGrantOptions::new().with_id(l.id)))
+        .await
+    {
+        Ok(_) => {}
+        Err(e) if e.to_string().contains("lease already exists") => {}
+        Err(e) => return Err(Failure::Local(format!("grant lease {:x}: {e}", l.id))),
+    }
+    leases.insert(l.id);
+    Ok(())
 }

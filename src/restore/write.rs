@@ -10,7 +10,7 @@ use super::plan::Candidate;
 use crate::snapshot::delta_codec::{Decoder, Record, Revision};
 use crate::snapshot::verify::read_verified;
 use crate::store::Store;
-use crate::store::layout::SnapshotName;
+use crate::store::layout::{Kind, SnapshotName};
 use crate::telemetry::Progress;
 
 pub(super) enum Step {
@@ -228,6 +228,11 @@ fn write_deltas_blocking(
         let mut decoder = Decoder::new();
         let mut stop = false;
         let mut pending_leases: std::collections::HashMap<i64, i64> = Default::default();
+        // The revision the next record follows: a lease set is etcd's leases right after it.
+        let mut at = match delta.kind {
+            Kind::Delta { first, .. } => first - 1,
+            _ => from,
+        };
         // A failure to write into the db is this machine's, not the delta's.
         let mut write_failed = None;
         // Past a point-in-time target the rest of the delta is still read, for its digest.
@@ -241,24 +246,30 @@ fn write_deltas_blocking(
                     Record::Lease(l) => {
                         pending_leases.insert(l.id, l.granted_ttl);
                     }
-                    Record::Revision(r) => match step(&r, file.revision(), cand, delta)? {
-                        Step::Skip => applied_digests.check(&r, delta)?,
-                        Step::Stop => stop = true,
-                        Step::Apply => {
-                            for e in &r.events {
-                                if let Some(ttl) = pending_leases.remove(&e.lease) {
-                                    file.add_lease(e.lease, ttl);
+                    // Sets from before the full snapshot are older than what it holds.
+                    Record::LeaseSet(set) if at >= from => file.set_leases(&set),
+                    Record::LeaseSet(_) => {}
+                    Record::Revision(r) => {
+                        at = r.revision;
+                        match step(&r, file.revision(), cand, delta)? {
+                            Step::Skip => applied_digests.check(&r, delta)?,
+                            Step::Stop => stop = true,
+                            Step::Apply => {
+                                for e in &r.events {
+                                    if let Some(ttl) = pending_leases.remove(&e.lease) {
+                                        file.add_lease(e.lease, ttl);
+                                    }
                                 }
+                                file.apply(&r).map_err(|e| {
+                                    let e = format!("write {} into the restored db: {e}", delta.key());
+                                    write_failed = Some(e.clone());
+                                    e
+                                })?;
+                                applied += 1;
+                                applied_digests.record(&r);
                             }
-                            file.apply(&r).map_err(|e| {
-                                let e = format!("write {} into the restored db: {e}", delta.key());
-                                write_failed = Some(e.clone());
-                                e
-                            })?;
-                            applied += 1;
-                            applied_digests.record(&r);
                         }
-                    },
+                    }
                 }
             }
             Ok(())

@@ -161,6 +161,9 @@ pub struct BackupStatus {
     /// Times the chain could not continue because etcd had compacted its next revision.
     pub chain_breaks_total: u64,
     pub last_chain_break: Option<ChainBreak>,
+    /// The revision at which the chain's lease set was last checked against etcd's (leases
+    /// granted with no key and revocations are in deltas from there on).
+    pub leases_checked_revision: Option<i64>,
     pub pending_delta_bytes: u64,
     pub pending_delta_events: u64,
     pub fulls_total: u64,
@@ -250,6 +253,12 @@ pub struct Backup {
     history: crate::space::History,
     /// The membership and auth fingerprint recorded with the current chain's full snapshot.
     outside_at_full: Option<String>,
+    /// The configured user's token for etcd's auth status (`outside::fingerprint`).
+    auth_token: Option<String>,
+    /// Granted TTLs of the leases seen (`live_leases`).
+    lease_ttls: std::collections::HashMap<i64, i64>,
+    /// A lease set listed at a revision the stream has not reached yet.
+    lease_set_due: Option<LeaseSetAt>,
     /// The writer's identity, from its last leadership check.
     identity: Identity,
     /// What the writer last put in the head object (clusters).
@@ -318,6 +327,9 @@ impl Backup {
                 full_asap: false,
                 recorded_members: None,
                 outside_at_full: None,
+                auth_token: None,
+                lease_ttls: Default::default(),
+                lease_set_due: None,
                 retry_cap: RETRY_MAX,
                 key_check: None,
                 copies: crate::copies::Copies::default(),
@@ -884,7 +896,9 @@ impl Backup {
             return Ok(None);
         }
         let recorded = header.and_then(|h| h.outside);
-        let now = outside::fingerprint(client, self.authenticated).await.ok();
+        let now = outside::fingerprint(client, &self.cfg.client, self.authenticated, &mut self.auth_token)
+            .await
+            .ok();
         if let (Some(then), Some(now)) = (&recorded, &now)
             && then != now
         {
@@ -1214,7 +1228,14 @@ impl Backup {
         let progress = crate::telemetry::Progress::to(move |what| {
             status.send_modify(|s| s.in_progress = what);
         });
-        let outside = match outside::fingerprint(client, self.authenticated).await {
+        let outside = match outside::fingerprint(
+            client,
+            &self.cfg.client,
+            self.authenticated,
+            &mut self.auth_token,
+        )
+        .await
+        {
             Ok(fp) => Some(fp),
             Err(e) => {
                 tracing::warn!(error = ?e, "cannot read etcd's membership and auth state; the full snapshot records none");
@@ -1576,6 +1597,7 @@ impl Backup {
                     if let Some(o) = self.check_outside(client, store, &mut buf).await {
                         return o;
                     }
+                    self.check_leases(client, &mut buf).await;
                 }
                 msg = watch_msg => {
                     if let Some(o) = self.on_watch(client, store, &mut buf, msg).await {
@@ -1695,6 +1717,24 @@ impl Backup {
         );
     }
 
+    /// Lease grants with no key and revocations show in no watch event: the writer lists etcd's
+    /// leases every period and records the set in the chain when it changed, right after the
+    /// revision etcd listed them at.
+    async fn check_leases(&mut self, client: &mut Client, buf: &mut DeltaBuffer) {
+        let Some(set) = live_leases(client, &mut self.lease_ttls).await else {
+            tracing::debug!("etcd did not list its leases; next period");
+            return;
+        };
+        if set.revision == buf.last() {
+            buf.push_lease_set(set.leases);
+            self.lease_set_due = None;
+            self.status
+                .send_modify(|s| s.leases_checked_revision = Some(set.revision));
+        } else if set.revision > buf.last() {
+            self.lease_set_due = Some(set);
+        }
+    }
+
     /// Membership and auth are in full snapshots only: after a change, a full snapshot at once.
     async fn check_outside(
         &mut self,
@@ -1703,7 +1743,7 @@ impl Backup {
         buf: &mut DeltaBuffer,
     ) -> Option<Outcome> {
         let recorded = self.outside_at_full.clone()?;
-        match outside::fingerprint(client, self.authenticated).await {
+        match outside::fingerprint(client, &self.cfg.client, self.authenticated, &mut self.auth_token).await {
             Ok(now) if now != recorded => {
                 tracing::info!(
                     "etcd's membership or auth changed: taking a full snapshot (deltas carry key events only)"
@@ -1753,8 +1793,14 @@ impl Backup {
         buf: &mut DeltaBuffer,
         events: &[etcd_client::Event],
     ) -> Result<(), Outcome> {
-        match append_events(client, buf, events).await {
-            Ok(()) => Ok(()),
+        let due = self.lease_set_due.as_ref().map(|s| s.revision);
+        match append_events(client, buf, events, &mut self.lease_set_due).await {
+            Ok(()) => {
+                if let Some(at) = due.filter(|_| self.lease_set_due.is_none()) {
+                    self.status.send_modify(|s| s.leases_checked_revision = Some(at));
+                }
+                Ok(())
+            }
             Err(AppendError::Gap(gap)) => {
                 self.failed("delta", "gap", &gap);
                 Err(Outcome::NeedFull)
@@ -1797,12 +1843,25 @@ pub(super) enum AppendError {
 }
 
 /// Groups a watch response's events by revision into `buf`, recording each lease's granted TTL
-/// before the first put that uses it.
+/// before the first put that uses it, and `set` (a lease set etcd reported at a revision the
+/// stream had not reached) right after its revision.
 pub(super) async fn append_events(
     client: &mut Client,
     buf: &mut DeltaBuffer,
     events: &[etcd_client::Event],
+    set: &mut Option<LeaseSetAt>,
 ) -> Result<(), AppendError> {
+    let push = |buf: &mut DeltaBuffer, done: &Revision, set: &mut Option<LeaseSetAt>| {
+        buf.push(done).map_err(AppendError::Gap)?;
+        if let Some(s) = set.take_if(|s| s.revision <= buf.last()) {
+            // Past its revision (a stream that started after it) the set is stale: the next
+            // check records a fresh one.
+            if s.revision == buf.last() {
+                buf.push_lease_set(s.leases);
+            }
+        }
+        Ok::<_, AppendError>(())
+    };
     let mut current: Option<Revision> = None;
     for ev in events {
         let Some(kv) = ev.kv() else { continue };
@@ -1816,7 +1875,7 @@ pub(super) async fn append_events(
             // an earlier revision still being grouped: a point-in-time restore that stops at
             // that earlier revision must not get a lease granted after it.
             if let Some(done) = current.take_if(|r| r.revision != rev) {
-                buf.push(&done).map_err(AppendError::Gap)?;
+                push(buf, &done, set)?;
             }
             let granted_ttl = lease_granted_ttl(client, kv.lease())
                 .await
@@ -1838,7 +1897,7 @@ pub(super) async fn append_events(
             Some(r) if r.revision == rev => r.events.push(event),
             _ => {
                 if let Some(done) = current.take() {
-                    buf.push(&done).map_err(AppendError::Gap)?;
+                    push(buf, &done, set)?;
                 }
                 current = Some(Revision {
                     revision: rev,
@@ -1848,9 +1907,48 @@ pub(super) async fn append_events(
         }
     }
     if let Some(done) = current.take() {
-        buf.push(&done).map_err(AppendError::Gap)?;
+        push(buf, &done, set)?;
     }
     Ok(())
+}
+
+/// Every lease etcd holds, as etcd listed them at `revision`.
+#[derive(Debug)]
+pub(super) struct LeaseSetAt {
+    pub revision: i64,
+    pub leases: Vec<Lease>,
+}
+
+/// etcd's live leases with their granted TTLs, and the revision it listed them at. `ttls` keeps the
+/// granted TTL of every lease seen (it never changes), so only new leases cost a lookup; leases
+/// that expired between the listing and the lookup are left out. `None` when etcd did not answer.
+pub(super) async fn live_leases(
+    client: &mut Client,
+    ttls: &mut std::collections::HashMap<i64, i64>,
+) -> Option<LeaseSetAt> {
+    let r = tokio::time::timeout(LEADERSHIP_CHECK, client.leases())
+        .await
+        .ok()?
+        .ok()?;
+    let revision = r.header()?.revision();
+    let ids: Vec<i64> = r.leases().iter().map(|l| l.id()).collect();
+    ttls.retain(|id, _| ids.contains(id));
+    let mut leases = Vec::with_capacity(ids.len());
+    for id in ids {
+        let ttl = match ttls.get(&id) {
+            Some(t) => *t,
+            None => {
+                let t = lease_granted_ttl(client, id).await.ok()?;
+                ttls.insert(id, t);
+                t
+            }
+        };
+        if ttl > 0 {
+            leases.push(Lease { id, granted_ttl: ttl });
+        }
+    }
+    leases.sort_by_key(|l| l.id);
+    Some(LeaseSetAt { revision, leases })
 }
 
 /// The TTL a lease was granted with, for the delta that first uses it. etcd answers a lease that

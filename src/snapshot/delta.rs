@@ -36,6 +36,8 @@ pub struct DeltaBuffer {
     revisions: u64,
     events: u64,
     leases: HashSet<i64>,
+    /// The lease set this chain last recorded (`None`: none yet since the buffer was made).
+    lease_set: Option<Vec<Lease>>,
 }
 
 /// A flushed buffer, ready to upload.
@@ -63,6 +65,7 @@ impl DeltaBuffer {
             revisions: 0,
             events: 0,
             leases: HashSet::new(),
+            lease_set: None,
         }
     }
 
@@ -92,6 +95,17 @@ impl DeltaBuffer {
         if self.leases.insert(lease.id) {
             delta_codec::encode_lease(&lease, &mut self.bytes);
         }
+    }
+
+    /// Records `set` (sorted by ID: every lease etcd holds right after the last revision appended)
+    /// unless it is the set the chain last recorded. Whether it was recorded.
+    pub fn push_lease_set(&mut self, set: Vec<Lease>) -> bool {
+        if self.lease_set.as_ref() == Some(&set) {
+            return false;
+        }
+        delta_codec::encode_lease_set(&set, &mut self.bytes);
+        self.lease_set = Some(set);
+        true
     }
 
     /// Appends one revision. Revisions at or below the chain's base are already in the full snapshot

@@ -6,8 +6,12 @@
 //!     event:           u8 type (0 put, 1 delete) | u32 key_len | key | u32 value_len | value
 //!                      | i64 lease | i64 create_revision | i64 version
 //!     lease record:    0x02 | i64 lease_id | i64 granted_ttl_seconds (-1: already gone when seen)
+//!     lease set:       0x03 | u32 n | n × (i64 lease_id | i64 granted_ttl_seconds)
 //!
-//! A lease record precedes the first revision in the delta whose puts use that lease.
+//! A lease record precedes the first revision in the delta whose puts use that lease. A lease set
+//! is every lease etcd held right after the revision it follows (the delta's first revision − 1
+//! when it leads): grants with no key yet, and revocations, which no watch event shows. The writer
+//! records one whenever the set it last recorded in the chain changed (`--delta-snapshot-period`).
 
 use thiserror::Error;
 
@@ -43,10 +47,13 @@ pub struct Lease {
 pub enum Record {
     Revision(Revision),
     Lease(Lease),
+    /// Every live lease, by ID.
+    LeaseSet(Vec<Lease>),
 }
 
 const TAG_REVISION: u8 = 1;
 const TAG_LEASE: u8 = 2;
+const TAG_LEASE_SET: u8 = 3;
 
 /// A digest of one revision's events as the delta format encodes them: two deltas that overlap
 /// (a handover between writers, a retried upload) must agree on it for every shared revision.
@@ -80,6 +87,15 @@ pub fn encode_lease(l: &Lease, out: &mut Vec<u8>) {
     out.push(TAG_LEASE);
     out.extend_from_slice(&l.id.to_le_bytes());
     out.extend_from_slice(&l.granted_ttl.to_le_bytes());
+}
+
+pub fn encode_lease_set(leases: &[Lease], out: &mut Vec<u8>) {
+    out.push(TAG_LEASE_SET);
+    out.extend_from_slice(&(leases.len() as u32).to_le_bytes());
+    for l in leases {
+        out.extend_from_slice(&l.id.to_le_bytes());
+        out.extend_from_slice(&l.granted_ttl.to_le_bytes());
+    }
 }
 
 /// The encoded size of a revision record (for the size bound).
@@ -189,6 +205,24 @@ fn parse_one(c: &mut Cursor<'_>, offset: u64) -> Result<Option<Record>, DecodeEr
             };
             Ok(Some(Record::Lease(Lease { id, granted_ttl })))
         }
+        TAG_LEASE_SET => {
+            let Some(n) = c.u32() else { return Ok(None) };
+            let claimed = u64::from(n) * 16;
+            if claimed > MAX_RECORD {
+                return Err(DecodeError::TooLarge { offset, claimed });
+            }
+            if c.b.len() - c.pos < n as usize * 16 {
+                return Ok(None);
+            }
+            let mut leases = Vec::with_capacity(n as usize);
+            for _ in 0..n {
+                let (Some(id), Some(granted_ttl)) = (c.i64(), c.i64()) else {
+                    return Ok(None);
+                };
+                leases.push(Lease { id, granted_ttl });
+            }
+            Ok(Some(Record::LeaseSet(leases)))
+        }
         TAG_REVISION => {
             let (Some(revision), Some(n)) = (c.i64(), c.u32()) else {
                 return Ok(None);
@@ -286,6 +320,15 @@ mod tests {
                 })
                 .collect();
             v.push(Record::Revision(Revision { revision: r, events }));
+            if r % 20 == 0 {
+                let set = (0..r % 3)
+                    .map(|i| Lease {
+                        id: 7 + i,
+                        granted_ttl: 60,
+                    })
+                    .collect();
+                v.push(Record::LeaseSet(set));
+            }
         }
         v
     }
@@ -302,6 +345,7 @@ mod tests {
                     assert_eq!(bytes.len() - before, revision_size(rev));
                 }
                 Record::Lease(l) => encode_lease(l, &mut bytes),
+                Record::LeaseSet(set) => encode_lease_set(set, &mut bytes),
             }
         }
         for chunk in [1, 3, 17, 4096, bytes.len()] {
@@ -326,5 +370,9 @@ mod tests {
         assert!(matches!(d.finish(), Err(DecodeError::Truncated { .. })));
         let mut d = Decoder::new();
         assert!(matches!(d.push(&[9, 0, 0]), Err(DecodeError::Tag { tag: 9, .. })));
+        // A lease set claiming more leases than any record may hold: refused before it is read.
+        let mut d = Decoder::new();
+        let claim = [&[TAG_LEASE_SET][..], &u32::MAX.to_le_bytes()].concat();
+        assert!(matches!(d.push(&claim), Err(DecodeError::TooLarge { .. })));
     }
 }

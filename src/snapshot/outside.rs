@@ -3,14 +3,24 @@
 //! would be lost in a restore of the newest chain until the next scheduled full. The backup loop
 //! compares this fingerprint with the one recorded in the newest full snapshot's header and takes
 //! a full snapshot soon after a change.
+//!
+//! Users' password hashes are not readable through the API: etcd's auth revision (`AuthStatus`,
+//! 3.5+), which moves on every auth change including a password change and `auth disable`, stands
+//! for them. On 3.4, which has no `AuthStatus`, a password change is carried by the next scheduled
+//! full only.
 
 use etcd_client::Client;
+
+use crate::etcd::ClientConfig;
 use sha2::{Digest, Sha256};
 
 /// Whether an etcd error means "this request needs (other) credentials": auth was enabled under a
 /// client that connected without them, or its token is no longer valid.
 pub fn is_auth_error(e: &etcd_client::Error) -> bool {
-    let text = e.to_string();
+    is_auth_message(&e.to_string())
+}
+
+fn is_auth_message(text: &str) -> bool {
     [
         "user name is empty",
         // With client-certificate auth, etcd takes the certificate's common name as the user
@@ -33,9 +43,15 @@ pub enum OutsideError {
     Unavailable(String),
 }
 
-/// A digest of the membership and auth state (hex sha256), as seen by `client`, which
-/// `authenticated` says connected with credentials (so auth is enabled).
-pub async fn fingerprint(client: &mut Client, authenticated: bool) -> Result<String, OutsideError> {
+/// A digest of the membership and auth state (hex sha256), as seen by `client` (connected by
+/// `config`), which `authenticated` says connected with credentials; `token` keeps that user's
+/// token for etcd's auth status between calls.
+pub async fn fingerprint(
+    client: &mut Client,
+    config: &ClientConfig,
+    authenticated: bool,
+    token: &mut Option<String>,
+) -> Result<String, OutsideError> {
     let fail = |e: etcd_client::Error| {
         if is_auth_error(&e) {
             OutsideError::NeedsCredentials(e.to_string())
@@ -60,7 +76,7 @@ pub async fn fingerprint(client: &mut Client, authenticated: bool) -> Result<Str
         .collect();
     members.sort();
     lines.extend(members);
-    lines.push(format!("auth enabled={authenticated}"));
+    lines.push(auth_line(client, config, authenticated, token).await?);
     let mut users: Vec<String> = client.user_list().await.map_err(fail)?.users().to_vec();
     users.sort();
     for u in users {
@@ -90,4 +106,41 @@ pub async fn fingerprint(client: &mut Client, authenticated: bool) -> Result<Str
         lines.push(format!("role {r} perms={}", perms.join(";")));
     }
     Ok(hex::encode(Sha256::digest(lines.join("\n").as_bytes())))
+}
+
+/// etcd's auth flag and revision as one line; without `AuthStatus` (3.4), whether this client
+/// needed credentials.
+async fn auth_line(
+    client: &Client,
+    config: &ClientConfig,
+    authenticated: bool,
+    token: &mut Option<String>,
+) -> Result<String, OutsideError> {
+    if !authenticated {
+        *token = None;
+    } else if token.is_none() {
+        *token = config.token(client).await.map_err(|e| {
+            let text = crate::telemetry::error_chain(&e);
+            if is_auth_message(&text) {
+                OutsideError::NeedsCredentials(text)
+            } else {
+                OutsideError::Unavailable(text)
+            }
+        })?;
+    }
+    match config.auth_status(token.as_deref()).await {
+        Ok(Some(s)) => Ok(format!("auth enabled={} revision={}", s.enabled, s.revision)),
+        Ok(None) => Ok(format!("auth enabled={authenticated}")),
+        Err(e) => {
+            let text = e.to_string();
+            if !is_auth_message(&text) {
+                Err(OutsideError::Unavailable(text))
+            } else if token.take().is_some() {
+                // An expired token: a new one next time.
+                Err(OutsideError::Unavailable(text))
+            } else {
+                Err(OutsideError::NeedsCredentials(text))
+            }
+        }
+    }
 }

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use etcd_client::WatchOptions;
 
-use super::backup::{AppendError, append_events};
+use super::backup::{AppendError, append_events, live_leases};
 use super::delta::{self, DeltaBuffer};
 use crate::config::RunConfig;
 use crate::etcd::private::{PrivateEtcd, revision};
@@ -111,12 +111,18 @@ pub async fn upload_tail(
                     after + 1
                 ));
             }
-            append_events(&mut client, &mut buf, resp.events())
+            append_events(&mut client, &mut buf, resp.events(), &mut None)
                 .await
                 .map_err(|e| match e {
                     AppendError::Gap(g) => g.to_string(),
                     AppendError::Lease => "a lease's TTL could not be read".into(),
                 })?;
+        }
+        // The crashed etcd's leases at its last revision: what no event of the tail shows.
+        if let Some(set) = live_leases(&mut client, &mut Default::default()).await
+            && set.revision == buf.last()
+        {
+            buf.push_lease_set(set.leases);
         }
         let Some(pending) = buf.take() else {
             return Ok(None);
