@@ -68,11 +68,41 @@ pub(crate) fn keys(
 
 /// A client of `endpoints` (comma-separated URLs), with TLS files for https; the endpoints too.
 pub(crate) async fn connect(
-    endpoints: &str,
-    ca: &Option<PathBuf>,
-    cert: &Option<PathBuf>,
-    key: &Option<PathBuf>,
+    args: &crate::config::EtcdClientArgs,
 ) -> Result<(Vec<String>, etcd_client::Client), i32> {
+    connect_to(args, &args.endpoints).await
+}
+
+/// `connect`, to `endpoints` instead of the arguments' own (one member of them).
+pub(crate) async fn connect_to(
+    args: &crate::config::EtcdClientArgs,
+    endpoints: &str,
+) -> Result<(Vec<String>, etcd_client::Client), i32> {
+    let (ca, cert, key) = (&args.cacert, &args.cert, &args.key);
+    if cert.is_some() != key.is_some() {
+        eprintln!("etcd-warden: --etcd-cert and --etcd-key go together (give both or neither)");
+        return Err(EX_USAGE);
+    }
+    let user = match (&args.etcd_user, &args.etcd_password_file) {
+        (None, None) => None,
+        (Some(name), Some(password_file)) => {
+            if let Err(e) = std::fs::read_to_string(password_file) {
+                eprintln!(
+                    "etcd-warden: --etcd-password-file {}: {e} (a file holding the password of --etcd-user)",
+                    password_file.display()
+                );
+                return Err(EX_USAGE);
+            }
+            Some(crate::etcd::client::UserAuth {
+                name: name.clone(),
+                password_file: password_file.clone(),
+            })
+        }
+        _ => {
+            eprintln!("etcd-warden: --etcd-user and --etcd-password-file go together (give both or neither)");
+            return Err(EX_USAGE);
+        }
+    };
     let list: Vec<String> = endpoints
         .split(',')
         .map(|s| s.trim().to_owned())
@@ -92,7 +122,7 @@ pub(crate) async fn connect(
         endpoints: list.clone(),
         tls,
         timeout: Duration::from_secs(10),
-        user: None,
+        user,
     };
     match cfg.connect().await {
         Ok(c) => Ok((list, c)),
@@ -116,14 +146,14 @@ pub async fn downgrade(args: crate::config::DowngradeArgs) -> i32 {
         );
         return EX_USAGE;
     };
-    let (endpoints, client) = match connect(&args.endpoints, &args.cacert, &args.cert, &args.key).await {
+    let (endpoints, client) = match connect(&args.client).await {
         Ok(c) => c,
         Err(code) => return code,
     };
     // One client per member: a status answer is that member's own.
     let mut members = Vec::new();
     for e in &endpoints {
-        match connect(e, &args.cacert, &args.cert, &args.key).await {
+        match connect_to(&args.client, e).await {
             Ok((_, c)) => members.push((e.clone(), c)),
             Err(code) => return code,
         }
@@ -217,7 +247,7 @@ pub async fn snapshot(args: SnapshotArgs) -> i32 {
         Ok(s) => s,
         Err(code) => return code,
     };
-    let mut client = match connect(&args.endpoints, &args.cacert, &args.cert, &args.key).await {
+    let mut client = match connect(&args.client).await {
         Ok(c) => c.1,
         Err(code) => return code,
     };

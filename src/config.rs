@@ -125,9 +125,9 @@ pub struct PointArgs {
     pub json: bool,
 }
 
-/// The live cluster of `diff` and `undo`.
+/// How a one-shot command reaches a running etcd (`snapshot`, `diff`, `undo`, `downgrade`).
 #[derive(Debug, Args)]
-pub struct LiveArgs {
+pub struct EtcdClientArgs {
     /// etcd client URLs, comma-separated.
     #[arg(
         long,
@@ -145,6 +145,13 @@ pub struct LiveArgs {
     /// Client key.
     #[arg(long = "etcd-key", alias = "key", value_name = "FILE")]
     pub key: Option<PathBuf>,
+    /// etcd user when etcd has auth enabled (`undo` writes, `snapshot` and `downgrade` need the
+    /// root role); with --etcd-password-file.
+    #[arg(long, env = "ETCD_WARDEN_ETCD_USER", value_name = "NAME")]
+    pub etcd_user: Option<String>,
+    /// File holding that user's password (one line).
+    #[arg(long, env = "ETCD_WARDEN_ETCD_PASSWORD_FILE", value_name = "FILE")]
+    pub etcd_password_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -152,7 +159,7 @@ pub struct DiffArgs {
     #[command(flatten)]
     pub point: PointArgs,
     #[command(flatten)]
-    pub live: LiveArgs,
+    pub live: EtcdClientArgs,
     /// Compare with the newest backup instead of the live cluster.
     #[arg(long)]
     pub against_latest: bool,
@@ -163,7 +170,7 @@ pub struct UndoArgs {
     #[command(flatten)]
     pub point: PointArgs,
     #[command(flatten)]
-    pub live: LiveArgs,
+    pub live: EtcdClientArgs,
     /// Print what would be written (the diff of the prefix) and write nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -180,23 +187,8 @@ pub struct DowngradeArgs {
     /// The release to go back to: the previous minor, e.g. 3.6 from 3.7.
     #[arg(value_name = "VERSION")]
     pub target: String,
-    /// etcd client URLs of every member, comma-separated.
-    #[arg(
-        long,
-        env = "ETCD_WARDEN_ENDPOINTS",
-        default_value = "http://127.0.0.1:2379",
-        value_name = "URLS"
-    )]
-    pub endpoints: String,
-    /// CA certificate to verify etcd (https endpoints).
-    #[arg(long = "etcd-ca", alias = "cacert", value_name = "FILE")]
-    pub cacert: Option<PathBuf>,
-    /// Client certificate, when etcd requires one.
-    #[arg(long = "etcd-cert", alias = "cert", value_name = "FILE")]
-    pub cert: Option<PathBuf>,
-    /// Client key.
-    #[arg(long = "etcd-key", alias = "key", value_name = "FILE")]
-    pub key: Option<PathBuf>,
+    #[command(flatten)]
+    pub client: EtcdClientArgs,
     /// Give up waiting for the storage versions after this long.
     #[arg(long, default_value = "5m", value_parser = parse_duration_arg)]
     pub timeout: Duration,
@@ -383,23 +375,8 @@ pub struct SnapshotArgs {
     /// Where the snapshot goes: file:///dir, s3://bucket/prefix, gs://bucket/prefix, az://container/prefix
     #[arg(long, env = "ETCD_WARDEN_STORE", value_name = "URL")]
     pub store: String,
-    /// etcd client URLs, comma-separated.
-    #[arg(
-        long,
-        env = "ETCD_WARDEN_ENDPOINTS",
-        default_value = "http://127.0.0.1:2379",
-        value_name = "URLS"
-    )]
-    pub endpoints: String,
-    /// CA certificate to verify etcd (https endpoints).
-    #[arg(long = "etcd-ca", alias = "cacert", value_name = "FILE")]
-    pub cacert: Option<PathBuf>,
-    /// Client certificate, when etcd requires one.
-    #[arg(long = "etcd-cert", alias = "cert", value_name = "FILE")]
-    pub cert: Option<PathBuf>,
-    /// Client key.
-    #[arg(long = "etcd-key", alias = "key", value_name = "FILE")]
-    pub key: Option<PathBuf>,
+    #[command(flatten)]
+    pub client: EtcdClientArgs,
     #[arg(long, value_enum, default_value = "zstd")]
     pub compression: Compression,
     /// Encrypt with age to these recipients (age1…, comma-separated).

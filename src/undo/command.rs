@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::{Action, Change, Filter, State, apply, live, past};
 use crate::cli::EX_USAGE;
-use crate::config::{DiffArgs, LiveArgs, PointArgs, UndoArgs};
+use crate::config::{DiffArgs, EtcdClientArgs, PointArgs, UndoArgs};
 use crate::restore::Target;
 use crate::store::Store;
 
@@ -35,8 +35,8 @@ fn point(args: &PointArgs, keep_values: bool) -> Result<(Store, Target, Filter, 
     Ok((store, target, filter, scratch))
 }
 
-async fn client(live: &LiveArgs) -> Result<(Vec<String>, etcd_client::Client), i32> {
-    crate::cli::connect(&live.endpoints, &live.cacert, &live.cert, &live.key).await
+async fn client(live: &EtcdClientArgs) -> Result<(Vec<String>, etcd_client::Client), i32> {
+    crate::cli::connect(live).await
 }
 
 /// The past point, said on stderr with where it came from.
