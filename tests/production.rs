@@ -691,3 +691,106 @@ fn undo_with_auth(etcd: &Path) {
     assert_eq!(now, fulls + 1, "one more full in the store");
     drop(w);
 }
+
+#[test]
+fn a_standby_of_an_auth_cluster_is_promoted_with_its_users_and_leases() {
+    standby_with_auth(&default_etcd());
+}
+
+#[test]
+fn etcd_3_7_a_standby_of_an_auth_cluster_is_promoted_with_its_users_and_leases() {
+    standby_with_auth(&etcd37());
+}
+
+/// A warm standby of a primary as operators run it (TLS, auth on, `ETCD_*` variables; the
+/// standby configured the same way with its own certificates): promoted, it serves every write,
+/// logs in with the primary's root password, and holds the lease granted with no key (finding 3:
+/// it was missing after a promotion) but not the revoked one.
+fn standby_with_auth(etcd: &Path) {
+    let ctl = etcdctl_for(etcd);
+    let (ip, sip) = (unique_ip(), unique_ip());
+    let dir = tempfile::tempdir().unwrap();
+    let prod = Prod::new(&ip, &dir.path().join("primary"));
+    let sprod = Prod::new(&sip, &dir.path().join("standby"));
+    let store = format!("file://{}", dir.path().join("store").display());
+    let mut primary = start(
+        etcd,
+        &prod,
+        &dir.path().join("primary/data"),
+        &store,
+        &["--delta-snapshot-period", "300ms"],
+    );
+    primary.wait_ready(START);
+    enable_auth_and_back_it_up(&primary, &prod, &ctl);
+    let (kept, revoked) = rt().block_on(async {
+        let mut c = prod.client().await.expect("connect as root over TLS");
+        let kept = c.lease_grant(3600, None).await.unwrap().id();
+        let revoked = c.lease_grant(3600, None).await.unwrap().id();
+        c.lease_revoke(revoked).await.unwrap();
+        (kept, revoked)
+    });
+    let last = put_keys(&prod, "/a", 30);
+    wait_for("the primary's lease set in the store", START, || {
+        (primary.status()["backup"]["leases_checked_revision"].as_i64() >= Some(last)).then_some(())
+    });
+
+    let mut sopts: Vec<String> = [
+        "--store",
+        &store,
+        "--standby-poll",
+        "300ms",
+        "--standby-quiet",
+        "1s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    sopts.extend(sprod.warden_opts());
+    let sopts: Vec<&str> = sopts.iter().map(String::as_str).collect();
+    let senv = sprod.etcd_env(&dir.path().join("standby/data"));
+    let senv: Vec<(&str, String)> = senv.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    let standby = Warden::standby_builder(&sip, &sopts, &[etcd.display().to_string()])
+        .envs(&senv)
+        .spawn();
+    wait_for("the standby to reach the primary's revision", START, || {
+        standby.assert_running();
+        let (_, body) = standby.get("/status")?;
+        let s: serde_json::Value = serde_json::from_str(&body).ok()?;
+        (s["standby"]["revision"].as_i64() >= Some(last)).then_some(())
+    });
+    primary.signal(Signal::SIGTERM);
+    assert_eq!(primary.wait_exit(START), 143);
+    wait_for("the store to be quiet for --standby-quiet", START, || {
+        let (_, body) = standby.get("/status")?;
+        let s: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        s["standby"]["store_head_at"]
+            .as_f64()
+            .is_some_and(|at| now - at > 1.2)
+            .then_some(())
+    });
+    standby.signal(Signal::SIGUSR2);
+    standby.wait_ready(START);
+    let log = standby.log_text();
+    let keys = sprod
+        .etcdctl(&ctl, true, &["get", "/a/", "--prefix", "--keys-only"])
+        .unwrap_or_else(|e| panic!("read as root with the primary's password: {e}\nlog:\n{log}"));
+    assert_eq!(
+        keys.lines().filter(|l| !l.is_empty()).count(),
+        30,
+        "every key the primary acknowledged"
+    );
+    let leases = sprod.etcdctl(&ctl, true, &["lease", "list"]).unwrap();
+    assert!(
+        leases.contains(&format!("{kept:x}")),
+        "the lease granted with no key is missing after the promotion: {leases}\nlog:\n{log}"
+    );
+    assert!(
+        !leases.contains(&format!("{revoked:x}")),
+        "the revoked lease came back: {leases}"
+    );
+    drop(standby);
+}

@@ -1591,13 +1591,15 @@ impl Backup {
                         self.flush(store, &mut buf).await;
                         return Outcome::Reopen;
                     }
+                    // Leases first: a set listed at the buffer's last revision goes up in the
+                    // same delta (in an empty buffer it waits for the next revision).
+                    self.check_leases(client, &mut buf).await;
                     if !buf.is_empty() {
                         self.flush(store, &mut buf).await;
                     }
                     if let Some(o) = self.check_outside(client, store, &mut buf).await {
                         return o;
                     }
-                    self.check_leases(client, &mut buf).await;
                 }
                 msg = watch_msg => {
                     if let Some(o) = self.on_watch(client, store, &mut buf, msg).await {
