@@ -614,6 +614,11 @@ pub struct PlainEtcd {
 
 impl PlainEtcd {
     pub fn start(etcd: &Path, ip: &str, data_dir: &Path, name: &str) -> Self {
+        Self::start_as(etcd, ip, data_dir, name, &[])
+    }
+
+    /// `start`, its health asked with `login` (e.g. `--user=root:…` when the data has auth on).
+    pub fn start_as(etcd: &Path, ip: &str, data_dir: &Path, name: &str, login: &[&str]) -> Self {
         let log = std::fs::File::create(data_dir.with_extension("log")).unwrap();
         let child = dies_with_test(&mut Command::new(etcd))
             .args([
@@ -638,8 +643,9 @@ impl PlainEtcd {
             .expect("start etcd");
         let e = Self { child };
         let ctl = etcdctl_for(etcd);
+        let health: Vec<&str> = login.iter().copied().chain(["endpoint", "health"]).collect();
         wait_for("plain etcd to answer", Duration::from_secs(30), || {
-            etcdctl(&ctl, ip, &["endpoint", "health"]).ok()
+            etcdctl(&ctl, ip, &health).ok()
         });
         e
     }
