@@ -389,7 +389,12 @@ fn auth_changes_survive_a_restore(etcd: &Path) {
 
 /// etcd's member list through `prod`'s member: (name, id, learner).
 fn member_list(prod: &Prod, ctl: &Path) -> Option<Vec<(String, u64, bool)>> {
-    let out = prod.etcdctl(ctl, false, &["member", "list", "-w", "json"]).ok()?;
+    member_list_as(prod, ctl, false)
+}
+
+/// `member_list`; `root`: logged in as root (auth on).
+fn member_list_as(prod: &Prod, ctl: &Path, root: bool) -> Option<Vec<(String, u64, bool)>> {
+    let out = prod.etcdctl(ctl, root, &["member", "list", "-w", "json"]).ok()?;
     let v: serde_json::Value = serde_json::from_str(&out).ok()?;
     v["members"].as_array().map(|ms| {
         ms.iter()
@@ -405,10 +410,14 @@ fn member_list(prod: &Prod, ctl: &Path) -> Option<Vec<(String, u64, bool)>> {
 }
 
 fn hashkv_tls(prod: &Prod, ctl: &Path, rev: i64) -> u64 {
+    hashkv_as(prod, ctl, rev, false)
+}
+
+fn hashkv_as(prod: &Prod, ctl: &Path, rev: i64, root: bool) -> u64 {
     let out = prod
         .etcdctl(
             ctl,
-            false,
+            root,
             &["endpoint", "hashkv", &format!("--rev={rev}"), "-w", "json"],
         )
         .unwrap();
@@ -417,8 +426,12 @@ fn hashkv_tls(prod: &Prod, ctl: &Path, rev: i64) -> u64 {
 }
 
 fn status_revision(prod: &Prod, ctl: &Path) -> Option<i64> {
+    status_revision_as(prod, ctl, false)
+}
+
+fn status_revision_as(prod: &Prod, ctl: &Path, root: bool) -> Option<i64> {
     let out = prod
-        .etcdctl(ctl, false, &["endpoint", "status", "-w", "json"])
+        .etcdctl(ctl, root, &["endpoint", "status", "-w", "json"])
         .ok()?;
     let v: serde_json::Value = serde_json::from_str(&out).ok()?;
     v[0]["Status"]["header"]["revision"].as_i64()
@@ -447,33 +460,8 @@ fn tls_cluster_by_env(etcd: &Path) {
     let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
     let members = Prod::cluster(&ips, dir.path());
     let store = format!("file://{}", dir.path().join("store").display());
-    let endpoints = ips
-        .iter()
-        .map(|ip| format!("https://{ip}:2379"))
-        .collect::<Vec<_>>()
-        .join(",");
     let data = |i: usize| dir.path().join(format!("m{i}/data"));
-    let start_member = |i: usize| {
-        let mut env = Prod::member_env(&members, i, &data(i), "prod-main");
-        let pki = &members[i].pki;
-        env.extend([
-            ("ETCD_WARDEN_STORE".to_owned(), store.clone()),
-            ("ETCD_WARDEN_CLUSTER_ENDPOINTS".to_owned(), endpoints.clone()),
-            ("ETCD_WARDEN_DELTA_SNAPSHOT_PERIOD".to_owned(), "200ms".to_owned()),
-            (
-                "ETCD_WARDEN_ETCD_CERT".to_owned(),
-                pki.join("healthcheck-client.crt").display().to_string(),
-            ),
-            (
-                "ETCD_WARDEN_ETCD_KEY".to_owned(),
-                pki.join("healthcheck-client.key").display().to_string(),
-            ),
-        ]);
-        let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
-        Warden::builder(&ips[i], &[], &[etcd.display().to_string()])
-            .envs(&env)
-            .spawn()
-    };
+    let start_member = |i: usize| cluster_member(etcd, &members, i, &data(i), &store, false);
     // Started together, as a cluster's hosts boot.
     let mut wardens: Vec<Option<Warden>> = (0..3).map(|i| Some(start_member(i))).collect();
     for w in wardens.iter().flatten() {
@@ -520,6 +508,134 @@ fn tls_cluster_by_env(etcd: &Path) {
         "the rejoined member's history differs from the leader's at revision {rev}"
     );
     common::cluster::stop_all(&mut wardens);
+}
+
+/// Member `i` of `members` under a warden configured wholly by variables (etcd's `ETCD_*`, the
+/// warden's `ETCD_WARDEN_*`), TLS everywhere; `auth`: the warden logs in as root.
+fn cluster_member(etcd: &Path, members: &[Prod], i: usize, data: &Path, store: &str, auth: bool) -> Warden {
+    let endpoints = members
+        .iter()
+        .map(|m| format!("https://{}:2379", m.ip))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut env = Prod::member_env(members, i, data, "prod-main");
+    let m = &members[i];
+    env.extend([
+        ("ETCD_WARDEN_STORE".to_owned(), store.to_owned()),
+        ("ETCD_WARDEN_CLUSTER_ENDPOINTS".to_owned(), endpoints),
+        ("ETCD_WARDEN_DELTA_SNAPSHOT_PERIOD".to_owned(), "200ms".to_owned()),
+        (
+            "ETCD_WARDEN_ETCD_CERT".to_owned(),
+            m.pki.join("healthcheck-client.crt").display().to_string(),
+        ),
+        (
+            "ETCD_WARDEN_ETCD_KEY".to_owned(),
+            m.pki.join("healthcheck-client.key").display().to_string(),
+        ),
+    ]);
+    if auth {
+        env.extend([
+            ("ETCD_WARDEN_ETCD_USER".to_owned(), "root".to_owned()),
+            (
+                "ETCD_WARDEN_ETCD_PASSWORD_FILE".to_owned(),
+                m.password_file.display().to_string(),
+            ),
+        ]);
+    }
+    let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+    Warden::builder(&m.ip, &[], &[etcd.display().to_string()])
+        .envs(&env)
+        .spawn()
+}
+
+#[test]
+fn a_tls_cluster_with_auth_lost_entirely_comes_back_with_one_cluster_restore() {
+    quorum_loss_with_auth(&default_etcd());
+}
+
+#[test]
+fn etcd_3_7_a_tls_cluster_with_auth_lost_entirely_comes_back_with_one_cluster_restore() {
+    quorum_loss_with_auth(&etcd37());
+}
+
+/// Quorum lost as operators run a cluster (TLS peers and clients, auth on, everything in
+/// variables): all three data dirs gone, one `cluster restore` brings the three members back as
+/// one cluster with every acknowledged key and the same auth (root logs in with its password, an
+/// anonymous client is refused), each member's HashKV equal.
+fn quorum_loss_with_auth(etcd: &Path) {
+    let ctl = etcdctl_for(etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let members = Prod::cluster(&ips, dir.path());
+    let store = format!("file://{}", dir.path().join("store").display());
+    let data = |i: usize| dir.path().join(format!("m{i}/data"));
+    let start_member = |i: usize| cluster_member(etcd, &members, i, &data(i), &store, true);
+    let mut wardens: Vec<Option<Warden>> = (0..3).map(|i| Some(start_member(i))).collect();
+    for w in wardens.iter().flatten() {
+        w.wait_ready(START);
+    }
+    let writer_i = common::cluster::the_writer(&wardens);
+    let writer = wardens[writer_i].as_ref().unwrap();
+    enable_auth_and_back_it_up(writer, &members[writer_i], &ctl);
+    let acked = put_keys(&members[writer_i], "/q", 50);
+    wait_for(&format!("revision {acked} in the store"), START, || {
+        (store_head(&store) >= acked).then_some(())
+    });
+    common::cluster::stop_all(&mut wardens);
+    for i in 0..3 {
+        std::fs::remove_dir_all(data(i)).unwrap();
+    }
+    let wardens: Vec<Warden> = (0..3).map(start_member).collect();
+    for (i, w) in wardens.iter().enumerate() {
+        wait_for(&format!("m{i} to say quorum lost"), START, || {
+            let (code, body) = w.get("/readyz")?;
+            (code == 503 && body.contains("quorum lost")).then_some(())
+        });
+    }
+    let out = std::process::Command::new(WARDEN)
+        .args(["cluster", "restore", "--store", &store])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cluster restore: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for w in &wardens {
+        w.wait_ready(START);
+    }
+    let logs = || {
+        wardens
+            .iter()
+            .map(|w| w.log_text())
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    };
+    let revs: Vec<i64> = members
+        .iter()
+        .map(|m| status_revision_as(m, &ctl, true).expect("status as root"))
+        .collect();
+    assert!(
+        revs.iter().all(|r| *r == revs[0]),
+        "members at different revisions: {revs:?}"
+    );
+    let hashes: Vec<u64> = members.iter().map(|m| hashkv_as(m, &ctl, 0, true)).collect();
+    assert!(
+        hashes.iter().all(|h| *h == hashes[0]),
+        "members hash differently: {hashes:?}"
+    );
+    for m in &members {
+        let keys = m
+            .etcdctl(&ctl, true, &["get", "/q/", "--prefix", "--keys-only"])
+            .unwrap_or_else(|e| panic!("get as root on {}: {e}\n{}", m.ip, logs()));
+        assert_eq!(keys.lines().filter(|l| !l.is_empty()).count(), 50, "on {}", m.ip);
+        let anonymous = m.etcdctl(&ctl, false, &["get", "/q/000"]);
+        assert!(anonymous.is_err(), "auth is off after the restore: {anonymous:?}");
+    }
+    let list = member_list_as(&members[0], &ctl, true).unwrap();
+    assert_eq!(list.len(), 3, "{list:?}");
+    assert!(list.iter().all(|m| !m.2), "{list:?}");
 }
 
 /// Puts `n` keys through `prod`'s member with its client certificate (no etcd auth).
