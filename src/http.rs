@@ -7,12 +7,19 @@
 //!
 //! `/readyz` reads the watch channels at request time, so it turns 503 the moment the supervisor
 //! publishes that etcd exited, without waiting for the next health check.
+//!
+//! A client cannot hold the warden's descriptors: a request's headers must arrive within
+//! [`HEADER_READ_TIMEOUT`], a connection lives at most [`CONNECTION_LIFETIME`], and each listener
+//! serves at most [`MAX_CONNECTIONS`] at once; past that the oldest is closed for the newest, so a
+//! probe still gets its answer while idle connections pile up.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -20,7 +27,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
@@ -30,6 +37,48 @@ use crate::snapshot::backup::BackupHandle;
 use crate::state::Shared;
 
 const PLAIN: &str = "text/plain; charset=utf-8";
+
+/// The most connections one listener serves at once.
+pub const MAX_CONNECTIONS: usize = 256;
+/// How long a request's headers may take to arrive (an idle connection included).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one connection is served at most (a scraper's keep-alive reconnects).
+pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(120);
+
+/// The connections one listener serves, oldest first; past [`MAX_CONNECTIONS`] the oldest goes.
+#[derive(Clone, Default)]
+struct Connections {
+    open: Arc<Mutex<Open>>,
+}
+
+#[derive(Default)]
+struct Open {
+    last_id: u64,
+    tasks: VecDeque<(u64, tokio::task::AbortHandle)>,
+}
+
+impl Connections {
+    fn admit(&self, spawn: impl FnOnce(Connections, u64) -> tokio::task::JoinHandle<()>) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.last_id += 1;
+        let id = open.last_id;
+        while open.tasks.len() >= MAX_CONNECTIONS {
+            if let Some((_, oldest)) = open.tasks.pop_front() {
+                oldest.abort();
+            }
+        }
+        // Spawned under the lock, so the task's `done` cannot run before it is listed.
+        let handle = spawn(self.clone(), id);
+        open.tasks.push_back((id, handle.abort_handle()));
+    }
+
+    fn done(&self, id: u64) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = open.tasks.iter().position(|(c, _)| *c == id) {
+            open.tasks.remove(i);
+        }
+    }
+}
 
 const READYZ: &str = "/readyz";
 const READY_ALIAS: &str = "/healthz/ready";
@@ -153,13 +202,14 @@ pub struct Actions {
 
 /// Serves TCP connections until cancelled.
 pub async fn serve(listener: TcpListener, shared: Shared, actions: Arc<Actions>, cancel: CancellationToken) {
+    let conns = Connections::default();
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => return,
             a = listener.accept() => a.map(|(s, _)| s),
         };
         match accepted {
-            Ok(stream) => connection(stream, shared.clone(), actions.clone(), Access::Network),
+            Ok(stream) => connection(stream, shared.clone(), actions.clone(), Access::Network, &conns),
             Err(err) => accept_failed(err).await,
         }
     }
@@ -173,13 +223,14 @@ pub async fn serve_admin(
     actions: Arc<Actions>,
     cancel: CancellationToken,
 ) {
+    let conns = Connections::default();
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => break,
             a = listener.accept() => a.map(|(s, _)| s),
         };
         match accepted {
-            Ok(stream) => connection(stream, shared.clone(), actions.clone(), Access::Socket),
+            Ok(stream) => connection(stream, shared.clone(), actions.clone(), Access::Socket, &conns),
             Err(err) => accept_failed(err).await,
         }
     }
@@ -191,21 +242,27 @@ async fn accept_failed(err: std::io::Error) {
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
 }
 
-fn connection<S>(stream: S, shared: Shared, actions: Arc<Actions>, access: Access)
+fn connection<S>(stream: S, shared: Shared, actions: Arc<Actions>, access: Access, conns: &Connections)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    tokio::spawn(async move {
-        let service = service_fn(move |req| {
-            let (shared, actions) = (shared.clone(), actions.clone());
-            async move { Ok::<_, Infallible>(route(&req, &shared, &actions, access)) }
-        });
-        if let Err(err) = http1::Builder::new()
-            .serve_connection(TokioIo::new(stream), service)
-            .await
-        {
-            tracing::debug!(error = %err, "http connection ended with an error");
-        }
+    conns.admit(move |conns, id| {
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let (shared, actions) = (shared.clone(), actions.clone());
+                async move { Ok::<_, Infallible>(route(&req, &shared, &actions, access)) }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            match tokio::time::timeout(CONNECTION_LIFETIME, conn).await {
+                Ok(Err(err)) => tracing::debug!(error = %err, "http connection ended with an error"),
+                Ok(Ok(())) => {}
+                Err(_) => tracing::debug!("http connection closed after its lifetime"),
+            }
+            conns.done(id);
+        })
     });
 }
 

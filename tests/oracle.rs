@@ -238,11 +238,12 @@ fn oracle(etcd: &Path) {
     w.wait_ready(START);
 
     // Auth changes, then a full that began after them (deltas carry no auth).
-    let changed_at = unix_now();
     rt().block_on(async {
         let mut c = prod.client().await.expect("connect as root over TLS");
         auth_changes(&mut c, &mut rng).await;
     });
+    // After the last change: a full begun after an earlier one may miss the later ones.
+    let changed_at = unix_now();
     wait_for("a full snapshot taken after the auth changes", START, || {
         let last = &w.status()["backup"]["last_full"];
         let began = last["at"].as_f64()? - last["duration_seconds"].as_f64()?;
