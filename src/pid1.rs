@@ -75,13 +75,31 @@ pub struct Reaper {
     orphans_reaped: Arc<AtomicU64>,
 }
 
+/// Variables that belong to the warden and reach no program it starts (etcd, etcdutl, a private
+/// etcd): systemd's notify protocol (etcd would send READY=1 itself), the warden's own settings,
+/// which may carry secrets, and the store's cloud credentials (`AWS_*`, `AZURE_*`, `GOOGLE_*`).
+pub fn is_private_env(key: &str) -> bool {
+    matches!(
+        key,
+        "NOTIFY_SOCKET" | "WATCHDOG_USEC" | "WATCHDOG_PID" | "LISTEN_FDS" | "LISTEN_PID"
+    ) || ["ETCD_WARDEN_", "AWS_", "AZURE_", "GOOGLE_"]
+        .iter()
+        .any(|p| key.starts_with(p))
+}
+
 impl Reaper {
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Spawns `cmd` and registers its pid before the reaper can see it exit.
+    /// Spawns `cmd` (without the warden's private variables) and registers its pid before the
+    /// reaper can see it exit.
     pub fn spawn(&self, cmd: &mut Command) -> io::Result<Spawned> {
+        for (key, _) in std::env::vars_os() {
+            if key.to_str().is_some_and(is_private_env) {
+                cmd.env_remove(&key);
+            }
+        }
         let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         let mut child = cmd.spawn()?;
         let pid = child.id();

@@ -191,3 +191,64 @@ fn four_thousand_idle_connections_leave_readyz_ctl_and_backups_working() {
     );
     drop(held);
 }
+
+/// Issue 41 finding 9: the store's cloud credentials reached the environment of etcd and of
+/// etcdutl. Neither sees them now: etcd's /proc environ while it runs, and etcdutl's environment
+/// as a wrapper beside etcd records it during a start-up restore.
+#[test]
+fn cloud_credentials_reach_neither_etcd_nor_etcdutl() {
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let real = default_etcd();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(&real, bin.join("etcd")).unwrap();
+    let seen = dir.path().join("etcdutl.env");
+    let wrapper = format!(
+        "#!/bin/sh\nenv > '{}'\nexec '{}' \"$@\"\n",
+        seen.display(),
+        real.with_file_name("etcdutl").display()
+    );
+    std::fs::write(bin.join("etcdutl"), wrapper).unwrap();
+    std::fs::set_permissions(
+        bin.join("etcdutl"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let secrets = [
+        ("AWS_SECRET_ACCESS_KEY", "aws-secret-9f1c"),
+        ("AZURE_STORAGE_ACCOUNT_KEY", "azure-secret-77ab"),
+        ("GOOGLE_SERVICE_ACCOUNT_KEY", "google-secret-31d0"),
+    ];
+    let data = dir.path().join("data");
+    let store = format!("file://{}", dir.path().join("store").display());
+    let mut argv = vec![bin.join("etcd").display().to_string()];
+    argv.extend(etcd_args(&ip, &data));
+    let opts = ["--store", store.as_str(), "--delta-snapshot-period", "200ms"];
+    let start = || {
+        let mut b = Warden::builder(&ip, &opts, &argv);
+        for (k, v) in secrets {
+            b = b.env(k, v);
+        }
+        let w = b.spawn();
+        w.wait_ready(START);
+        w
+    };
+    let w = start();
+    wait_for("the first full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() >= Some(1)).then_some(())
+    });
+    let environ = std::fs::read(format!("/proc/{}/environ", w.etcd_pid().unwrap())).unwrap();
+    let environ = String::from_utf8_lossy(&environ).replace('\0', "\n");
+    for (k, v) in secrets {
+        assert!(!environ.contains(v), "{k} reached etcd's environment:\n{environ}");
+    }
+    kill_node(w, START);
+    std::fs::remove_dir_all(&data).unwrap();
+    let w = start();
+    let env = std::fs::read_to_string(&seen)
+        .unwrap_or_else(|e| panic!("etcdutl never ran for the restore ({e}):\n{}", w.log_text()));
+    for (k, v) in secrets {
+        assert!(!env.contains(v), "{k} reached etcdutl's environment:\n{env}");
+    }
+}

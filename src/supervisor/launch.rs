@@ -11,14 +11,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-/// Variables that belong to the warden and must not reach etcd: systemd's notify protocol (etcd
-/// would send READY=1 itself) and the warden's own settings, which may carry secrets.
-pub fn is_private_env(key: &str) -> bool {
-    matches!(
-        key,
-        "NOTIFY_SOCKET" | "WATCHDOG_USEC" | "WATCHDOG_PID" | "LISTEN_FDS" | "LISTEN_PID"
-    ) || key.starts_with("ETCD_WARDEN_")
-}
+pub use crate::pid1::is_private_env;
 
 /// A fully resolved etcd command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,10 +139,14 @@ mod tests {
             "WATCHDOG_USEC",
             "WATCHDOG_PID",
             "ETCD_WARDEN_STORE",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AZURE_STORAGE_ACCOUNT_KEY",
+            "GOOGLE_APPLICATION_CREDENTIALS",
         ] {
             assert!(is_private_env(k), "{k}");
         }
-        for k in ["ETCD_NAME", "ETCD_DATA_DIR", "PATH", "AWS_ACCESS_KEY_ID"] {
+        for k in ["ETCD_NAME", "ETCD_DATA_DIR", "PATH", "HOME", "GOGC"] {
             assert!(!is_private_env(k), "{k}");
         }
     }
