@@ -12,6 +12,10 @@ use etcd_warden::{cli, http, pid1, probe, run, signals, telemetry};
 const EX_USAGE: i32 = 64;
 
 fn main() {
+    // Everything the warden writes is its own user's alone: store objects and directories of a
+    // file store, restored data, decrypted scratch files, work dirs (0600 files, 0700 dirs).
+    // etcd and the tools it starts inherit it; etcd makes its own files private anyway.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => exit(clap_error(err)),

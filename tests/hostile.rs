@@ -252,3 +252,77 @@ fn cloud_credentials_reach_neither_etcd_nor_etcdutl() {
         assert!(!env.contains(v), "{k} reached etcdutl's environment:\n{env}");
     }
 }
+
+/// Every file and directory under `root` (itself included) whose mode lets group or others in.
+fn not_private(root: &std::path::Path) -> Vec<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&p).unwrap();
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        if meta.permissions().mode() & 0o077 != 0 {
+            out.push(format!("{:o} {}", meta.permissions().mode() & 0o777, p.display()));
+        }
+        if meta.is_dir() {
+            stack.extend(std::fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
+        }
+    }
+    out
+}
+
+/// Issue 41 finding 8: the default store beside the data dir (the kubeadm layout of
+/// docs/kubernetes.md), its objects and a restore's data were readable by every local user.
+/// Everything the warden writes is its user's alone now (0600 files, 0700 directories), whatever
+/// the umask it was started with.
+#[test]
+fn the_store_and_restored_data_are_readable_by_their_owner_only() {
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = default_etcd();
+    let data = dir.path().join("data");
+    let mut argv = vec![etcd.display().to_string()];
+    argv.extend(etcd_args(&ip, &data));
+    let w = Warden::builder_with(
+        &["sh", "-c", "umask 022 && exec \"$@\"", "sh"],
+        &ip,
+        &["--delta-snapshot-period", "200ms"],
+        &argv,
+    )
+    .spawn();
+    w.wait_ready(START);
+    let ctl = etcdctl_for(&etcd);
+    etcdctl(&ctl, &ip, &["put", "/registry/secrets/a", "s3cret"]).unwrap();
+    let rev = etcd_revision(&ctl, &ip);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
+    });
+    kill_node(w, START);
+    let store_dir = dir.path().join("data.backups");
+    assert!(
+        store_dir.join("v1").is_dir(),
+        "the default store beside the data dir"
+    );
+    let open = not_private(&store_dir);
+    assert!(
+        open.is_empty(),
+        "store entries others can read:\n{}",
+        open.join("\n")
+    );
+
+    let restored = dir.path().join("restored");
+    let ip2 = unique_ip();
+    let store = format!("file://{}", store_dir.display());
+    let out = restore_command_bumped(&store, &restored, &etcd, &ip2, &[])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let open = not_private(&restored);
+    assert!(
+        open.is_empty(),
+        "restored entries others can read:\n{}",
+        open.join("\n")
+    );
+}
