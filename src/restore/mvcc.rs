@@ -12,9 +12,12 @@
 //!
 //! Leases live in the `lease` bucket, keyed by the big-endian ID, valued by `leasepb.Lease`
 //! {ID, TTL}. A lease granted after the full snapshot is written with the TTL it was granted with;
-//! etcd starts its countdown when the restored member becomes leader. A put whose lease is known
-//! neither from the snapshot nor from a delta (it was already revoked when the watcher saw it) is
-//! written without a lease, as the replay through etcd does.
+//! etcd starts its countdown when the restored member becomes leader. A put keeps the lease ID
+//! etcd recorded, as etcd's own history does, also when the lease is known neither from the
+//! snapshot nor from a delta (it was already revoked when the watcher asked its TTL): a later
+//! revision deletes such a key, and a restore that stops before it leaves a key etcd starts
+//! without attaching (it logs "failed to attach a lease"), as it would without the ID. The replay
+//! through etcd cannot put such a lease ID and drops it.
 //!
 //! Nothing else changes: the consistent index, membership and term that etcdutl/etcdctl wrote stay
 //! as they are, so etcd starts on the file exactly as it would after the plain snapshot restore.
@@ -268,14 +271,9 @@ impl MvccFile {
         for (sub, e) in r.events.iter().enumerate() {
             let (key, value) = match e.kind {
                 EventType::Put => {
-                    let lease = if self.lease_ids.contains(&e.lease) {
-                        e.lease
-                    } else {
-                        0
-                    };
                     (
                         revision_key(r.revision, sub, false),
-                        key_value(&e.key, e.create_revision, r.revision, e.version, &e.value, lease),
+                        key_value(&e.key, e.create_revision, r.revision, e.version, &e.value, e.lease),
                     )
                 }
                 EventType::Delete => (
