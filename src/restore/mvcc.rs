@@ -270,12 +270,17 @@ impl MvccFile {
         }
         for (sub, e) in r.events.iter().enumerate() {
             let (key, value) = match e.kind {
-                EventType::Put => {
-                    (
-                        revision_key(r.revision, sub, false),
-                        key_value(&e.key, e.create_revision, r.revision, e.version, &e.value, e.lease),
-                    )
-                }
+                EventType::Put => (
+                    revision_key(r.revision, sub, false),
+                    key_value(
+                        &e.key,
+                        e.create_revision,
+                        r.revision,
+                        e.version,
+                        &e.value,
+                        e.lease,
+                    ),
+                ),
                 EventType::Delete => (
                     revision_key(r.revision, sub, true),
                     key_value(&e.key, 0, 0, 0, &[], 0),
