@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::io::Read;
 use std::process::Command;
 use std::time::Duration;
 
@@ -324,5 +325,86 @@ fn the_store_and_restored_data_are_readable_by_their_owner_only() {
         open.is_empty(),
         "restored entries others can read:\n{}",
         open.join("\n")
+    );
+}
+
+/// Issue 41 finding 4: a compression bomb under a newer full's name (a small zstd payload that
+/// decompresses to 256 MiB, its footer claiming 20 KiB) filled the disk of the restore: the bytes
+/// were counted against the claim only at the end. Now the stream stops at the footer's claim, the
+/// object is corrupt, and the restore falls back to the genuine older full, on a file system
+/// (a 96 MiB tmpfs) the bomb would have filled.
+#[test]
+fn a_compression_bomb_is_stopped_at_its_claim_and_the_restore_falls_back() {
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = default_etcd();
+    let (w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);
+    let ctl = etcdctl_for(&etcd);
+    etcdctl(&ctl, &ip, &["put", "genuine", "v"]).unwrap();
+    let rev = etcd_revision(&ctl, &ip);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
+    });
+    kill_node(w, START);
+
+    // The bomb: a genuine full's header, a forged payload, footer and trailer (an attacker can
+    // compute the digest of what they write).
+    let fulls = dir.path().join("store/v1/full");
+    let genuine = std::fs::read_dir(&fulls)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let bytes = std::fs::read(&genuine).unwrap();
+    let head_len = 12 + u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+    let payload = zstd::encode_all(std::io::repeat(0).take(256 << 20), 19).unwrap();
+    let footer = br#"{"raw_bytes":20480}"#;
+    let mut bomb = bytes[..head_len].to_vec();
+    bomb.extend_from_slice(&payload);
+    bomb.extend_from_slice(footer);
+    bomb.extend_from_slice(&(footer.len() as u32).to_le_bytes());
+    bomb.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    {
+        use sha2::Digest;
+        bomb.extend_from_slice(&sha2::Sha256::digest(&payload));
+    }
+    bomb.extend_from_slice(b"EWEND001");
+    let bomb_name = format!("full-{:020}-20991231T000000000Z-zstd-plain.ews", rev + 1000);
+    std::fs::write(fulls.join(&bomb_name), &bomb).unwrap();
+    assert!(bomb.len() < 1 << 20, "the bomb is small: {} bytes", bomb.len());
+
+    let small = dir.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    let restored = small.join("data");
+    let ip2 = unique_ip();
+    let script = format!(
+        "mount -t tmpfs -o size=96m tmpfs '{}' && exec \"$@\"",
+        small.display()
+    );
+    let mut restore = restore_command_bumped(&store, &restored, &etcd, &ip2, &[]);
+    // The older full is all the store truly has: take it.
+    restore.arg("--accept-older");
+    let inner: Vec<String> = std::iter::once(restore.get_program().to_string_lossy().into_owned())
+        .chain(restore.get_args().map(|a| a.to_string_lossy().into_owned()))
+        .collect();
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script, "sh"])
+        .args(&inner)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the restore failed:\n{said}");
+    assert!(
+        said.contains(&bomb_name) && said.contains("decompresses past"),
+        "the bomb is not named as corrupt:\n{said}"
+    );
+    assert!(
+        !said.contains("No space left"),
+        "the bomb filled the file system:\n{said}"
     );
 }

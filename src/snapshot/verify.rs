@@ -353,12 +353,16 @@ pub async fn read_full_to_file(
         return crate::gbr::read::read_full_to_file(store, name, g, path, progress).await;
     }
     let local = |e: String| ObjectError::Local(e);
-    let file = std::fs::File::create(path).map_err(|e| local(format!("create {}: {e}", path.display())))?;
     let key = name.key();
-    let total = format::read_footer(store.inner.as_ref(), &key)
+    // The footer first: its claim bounds what the payload may decompress to, and the file
+    // system must hold that much before a byte is written.
+    let claimed = format::read_footer(store.inner.as_ref(), &key)
         .await
-        .map(|f| f.raw_bytes)
-        .ok();
+        .map_err(ObjectError::from_format)?
+        .raw_bytes;
+    let total = Some(claimed);
+    free_space_for(path, claimed).map_err(local)?;
+    let file = std::fs::File::create(path).map_err(|e| local(format!("create {}: {e}", path.display())))?;
     let (started, done) = (std::time::Instant::now(), std::sync::Arc::new(AtomicU64::new(0)));
     let line = |done: u64| {
         format!(
@@ -375,7 +379,13 @@ pub async fn read_full_to_file(
                 let unpacker =
                     Unpacker::new(h.compression, h.encryption, &store.keys).map_err(|e| e.to_string())?;
                 let file = file.take().expect("the file goes to the first worker");
-                worker.insert(FullWorker::start(unpacker, file, path.to_owned(), done.clone()))
+                worker.insert(FullWorker::start(
+                    unpacker,
+                    file,
+                    path.to_owned(),
+                    done.clone(),
+                    Some(claimed),
+                ))
             }
         };
         progress.tick(|| line(done.load(Ordering::Relaxed)));
@@ -413,6 +423,28 @@ pub async fn read_full_to_file(
     Ok(verified)
 }
 
+/// Room for `bytes` more in the file system that will hold `path` (with 64 MiB to spare), or why
+/// not.
+fn free_space_for(path: &std::path::Path, bytes: u64) -> Result<(), String> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    let Ok(fs) = nix::sys::statvfs::statvfs(dir) else {
+        // Nothing to say about it: the writes will tell.
+        return Ok(());
+    };
+    let free = fs.blocks_available().saturating_mul(fs.fragment_size());
+    let needed = bytes.saturating_add(64 << 20);
+    if free < needed {
+        return Err(format!(
+            "{} has {free} bytes free; the snapshot needs {needed} ({bytes} and 64 MiB to spare): free space there or restore elsewhere",
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+
 /// The second half of `read_full_to_file`: stored bytes in, etcd's stream out to the file, counted
 /// and checksummed on the way. One thread decrypts, decompresses and writes; etcd's sha256 runs on
 /// a second one over the same batches (on two cores, hashing 1 GiB costs about what decompressing
@@ -428,11 +460,14 @@ const FULL_BATCH: usize = 256 << 10;
 const HASH_QUEUE: usize = 2;
 
 impl FullWorker {
+    /// `limit`: the most bytes the payload may decompress to (its footer's claim); a stream that
+    /// goes past it is corrupt and stops there, so a compression bomb never fills the disk.
     pub(crate) fn start(
         mut unpacker: Unpacker,
         mut file: std::fs::File,
         path: std::path::PathBuf,
         done: std::sync::Arc<AtomicU64>,
+        limit: Option<u64>,
     ) -> Self {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(FULL_QUEUE);
         let thread = std::thread::spawn(move || {
@@ -452,6 +487,11 @@ impl FullWorker {
             let mut raw = 0u64;
             let mut emit = |bytes: Vec<u8>| -> Result<(), ObjectError> {
                 raw += bytes.len() as u64;
+                if let Some(limit) = limit.filter(|l| raw > *l) {
+                    return Err(ObjectError::Corrupt(format!(
+                        "the payload decompresses past the {limit} bytes its footer claims"
+                    )));
+                }
                 done.store(raw, Ordering::Relaxed);
                 let bytes = Arc::new(bytes);
                 to_hasher
