@@ -387,12 +387,8 @@ fn auth_changes_survive_a_restore(etcd: &Path) {
     drop(w);
 }
 
-/// etcd's member list through `prod`'s member: (name, id, learner).
-fn member_list(prod: &Prod, ctl: &Path) -> Option<Vec<(String, u64, bool)>> {
-    member_list_as(prod, ctl, false)
-}
-
-/// `member_list`; `root`: logged in as root (auth on).
+/// etcd's member list through `prod`'s member: (name, id, learner); `root`: logged in as root
+/// (auth on).
 fn member_list_as(prod: &Prod, ctl: &Path, root: bool) -> Option<Vec<(String, u64, bool)>> {
     let out = prod.etcdctl(ctl, root, &["member", "list", "-w", "json"]).ok()?;
     let v: serde_json::Value = serde_json::from_str(&out).ok()?;
@@ -409,10 +405,6 @@ fn member_list_as(prod: &Prod, ctl: &Path, root: bool) -> Option<Vec<(String, u6
     })
 }
 
-fn hashkv_tls(prod: &Prod, ctl: &Path, rev: i64) -> u64 {
-    hashkv_as(prod, ctl, rev, false)
-}
-
 fn hashkv_as(prod: &Prod, ctl: &Path, rev: i64, root: bool) -> u64 {
     let out = prod
         .etcdctl(
@@ -425,10 +417,6 @@ fn hashkv_as(prod: &Prod, ctl: &Path, rev: i64, root: bool) -> u64 {
     v[0]["HashKV"]["hash"].as_u64().unwrap()
 }
 
-fn status_revision(prod: &Prod, ctl: &Path) -> Option<i64> {
-    status_revision_as(prod, ctl, false)
-}
-
 fn status_revision_as(prod: &Prod, ctl: &Path, root: bool) -> Option<i64> {
     let out = prod
         .etcdctl(ctl, root, &["endpoint", "status", "-w", "json"])
@@ -439,12 +427,22 @@ fn status_revision_as(prod: &Prod, ctl: &Path, root: bool) -> Option<i64> {
 
 #[test]
 fn a_tls_cluster_configured_by_env_boots_together_and_a_lost_member_rejoins() {
-    tls_cluster_by_env(&default_etcd());
+    tls_cluster_by_env(&default_etcd(), false);
 }
 
 #[test]
 fn etcd_3_7_a_tls_cluster_configured_by_env_boots_together_and_a_lost_member_rejoins() {
-    tls_cluster_by_env(&etcd37());
+    tls_cluster_by_env(&etcd37(), false);
+}
+
+#[test]
+fn with_auth_on_a_lost_member_of_a_tls_cluster_rejoins() {
+    tls_cluster_by_env(&default_etcd(), true);
+}
+
+#[test]
+fn etcd_3_7_with_auth_on_a_lost_member_of_a_tls_cluster_rejoins() {
+    tls_cluster_by_env(&etcd37(), true);
 }
 
 /// docs/cluster.md's three-member cluster, as its env file writes it: https for clients and peers
@@ -453,30 +451,38 @@ fn etcd_3_7_a_tls_cluster_configured_by_env_boots_together_and_a_lost_member_rej
 /// deadlocked at boot (each warden's release check waited on a member that listened but had no
 /// quorum). Finding 6: to rejoin a member whose data was lost, the warden added
 /// `--initial-cluster-state existing` as a flag, which etcd 3.6 refuses beside the variable, and
-/// restarted it in a tight loop. Now the warden changes the variable.
-fn tls_cluster_by_env(etcd: &Path) {
+/// restarted it in a tight loop. Now the warden changes the variable. `auth`: etcd auth on (the
+/// wardens log in as root; the member add, the learner's promotion and the checks need it).
+fn tls_cluster_by_env(etcd: &Path, auth: bool) {
     let ctl = etcdctl_for(etcd);
     let dir = tempfile::tempdir().unwrap();
     let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
     let members = Prod::cluster(&ips, dir.path());
     let store = format!("file://{}", dir.path().join("store").display());
     let data = |i: usize| dir.path().join(format!("m{i}/data"));
-    let start_member = |i: usize| cluster_member(etcd, &members, i, &data(i), &store, false);
+    let start_member = |i: usize| cluster_member(etcd, &members, i, &data(i), &store, auth);
     // Started together, as a cluster's hosts boot.
     let mut wardens: Vec<Option<Warden>> = (0..3).map(|i| Some(start_member(i))).collect();
     for w in wardens.iter().flatten() {
         w.wait_ready(START);
     }
     let writer_i = common::cluster::the_writer(&wardens);
+    if auth {
+        enable_auth_and_back_it_up(wardens[writer_i].as_ref().unwrap(), &members[writer_i], &ctl);
+    }
     let victim = (writer_i + 1) % 3;
     let name = format!("m{victim}");
     let old = wait_for("the member list", START, || {
-        member_list(&members[writer_i], &ctl)?
+        member_list_as(&members[writer_i], &ctl, auth)?
             .into_iter()
             .find(|m| m.0 == name)
             .map(|m| m.1)
     });
-    put_keys_plain(&members[writer_i], &ctl, "/before", 20);
+    if auth {
+        put_keys(&members[writer_i], "/before", 20);
+    } else {
+        put_keys_plain(&members[writer_i], &ctl, "/before", 20);
+    }
 
     let w = wardens[victim].as_ref().unwrap();
     let etcd_pid = w.etcd_pid().unwrap();
@@ -486,7 +492,7 @@ fn tls_cluster_by_env(etcd: &Path) {
         &format!("{name} to be a promoted voter with a new member id"),
         START,
         || {
-            let list = member_list(&members[writer_i], &ctl)?;
+            let list = member_list_as(&members[writer_i], &ctl, auth)?;
             let m = list.iter().find(|m| m.0 == name)?;
             (m.1 != old && !m.2 && list.len() == 3).then_some(())
         },
@@ -498,13 +504,13 @@ fn tls_cluster_by_env(etcd: &Path) {
         "etcd was restarted {restarts} times for one rejoin; log:\n{}",
         w.log_text()
     );
-    let rev = status_revision(&members[writer_i], &ctl).unwrap();
+    let rev = status_revision_as(&members[writer_i], &ctl, auth).unwrap();
     wait_for(&format!("{name} to reach revision {rev}"), START, || {
-        (status_revision(&members[victim], &ctl)? >= rev).then_some(())
+        (status_revision_as(&members[victim], &ctl, auth)? >= rev).then_some(())
     });
     assert_eq!(
-        hashkv_tls(&members[victim], &ctl, rev),
-        hashkv_tls(&members[writer_i], &ctl, rev),
+        hashkv_as(&members[victim], &ctl, rev, auth),
+        hashkv_as(&members[writer_i], &ctl, rev, auth),
         "the rejoined member's history differs from the leader's at revision {rev}"
     );
     common::cluster::stop_all(&mut wardens);

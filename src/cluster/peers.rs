@@ -186,19 +186,29 @@ pub async fn connect(client: &ClientConfig, endpoint: &str) -> Result<etcd_clien
         .map_err(|e| crate::telemetry::error_chain(&e))
 }
 
-/// The member list through `endpoint`, if that member sees a leader and is a voter.
+/// The member list through `endpoint`, if that member sees a leader and is a voter. Every call
+/// has its own deadline: a member that accepts connections but is not serving yet (etcd without
+/// quorum at boot) holds a request open with no end, and the client's own timeout did not cut it.
 async fn voter_view(client: &ClientConfig, endpoint: &str) -> Result<Option<Vec<Member>>, String> {
+    let within = |what: &str| format!("{what}: no answer within {ASK:?}");
     let mut c = connect(client, endpoint).await?;
-    let status = c.status().await.map_err(|e| e.to_string())?;
+    let status = tokio::time::timeout(ASK, c.status())
+        .await
+        .map_err(|_| within("status"))?
+        .map_err(|e| e.to_string())?;
     if status.leader() == 0 || status.is_learner() {
         return Ok(None);
     }
     // A leader that lost its followers still says it leads until its election timeout passes, and
     // answers the member list from its own state: a linearizable read proves the quorum.
-    if c.get("etcd-warden-quorum-check", None).await.is_err() {
-        return Ok(None);
+    match tokio::time::timeout(ASK, c.get("etcd-warden-quorum-check", None)).await {
+        Ok(Ok(_)) => {}
+        _ => return Ok(None),
     }
-    let list = c.member_list().await.map_err(|e| e.to_string())?;
+    let list = tokio::time::timeout(ASK, c.member_list())
+        .await
+        .map_err(|_| within("member list"))?
+        .map_err(|e| e.to_string())?;
     Ok(Some(list.members().iter().map(Member::from).collect()))
 }
 
@@ -223,9 +233,22 @@ fn change_error(e: etcd_client::Error) -> ChangeError {
     }
 }
 
+/// How long a membership change may take (it goes through raft).
+const CHANGE: Duration = Duration::from_secs(10);
+
+/// `change` within [`CHANGE`].
+async fn bounded<T>(
+    change: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, ChangeError> {
+    tokio::time::timeout(CHANGE, change)
+        .await
+        .map_err(|_| ChangeError::Other(format!("no answer within {CHANGE:?}")))?
+        .map_err(change_error)
+}
+
 pub async fn remove(client: &ClientConfig, endpoint: &str, id: u64) -> Result<(), ChangeError> {
     let mut c = connect(client, endpoint).await.map_err(ChangeError::Other)?;
-    c.member_remove(id).await.map(drop).map_err(change_error)
+    bounded(c.member_remove(id)).await.map(drop)
 }
 
 /// Adds a learner with `peer_urls`; its new member id.
@@ -236,7 +259,7 @@ pub async fn add_learner(
 ) -> Result<u64, ChangeError> {
     let mut c = connect(client, endpoint).await.map_err(ChangeError::Other)?;
     let opts = etcd_client::MemberAddOptions::new().with_is_learner();
-    let r = c.member_add(peer_urls, Some(opts)).await.map_err(change_error)?;
+    let r = bounded(c.member_add(peer_urls, Some(opts))).await?;
     r.member()
         .map(|m| m.id())
         .ok_or_else(|| ChangeError::Other("member add answered without the member".into()))
@@ -244,7 +267,7 @@ pub async fn add_learner(
 
 pub async fn promote(client: &ClientConfig, endpoint: &str, id: u64) -> Result<(), ChangeError> {
     let mut c = connect(client, endpoint).await.map_err(ChangeError::Other)?;
-    c.member_promote(id).await.map(drop).map_err(change_error)
+    bounded(c.member_promote(id)).await.map(drop)
 }
 
 /// Gives member `id` these peer URLs (etcd's member update).
@@ -255,8 +278,5 @@ pub async fn update(
     peer_urls: &[String],
 ) -> Result<(), ChangeError> {
     let mut c = connect(client, endpoint).await.map_err(ChangeError::Other)?;
-    c.member_update(id, peer_urls.to_vec())
-        .await
-        .map(drop)
-        .map_err(change_error)
+    bounded(c.member_update(id, peer_urls.to_vec())).await.map(drop)
 }

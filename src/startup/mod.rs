@@ -231,6 +231,7 @@ async fn cluster_round(
     let local = crate::cluster::local::check(dirs);
     let survey =
         crate::cluster::peers::survey(&cfg.client, &me.others, &cfg.cluster_endpoints, &me.client_urls).await;
+    tracing::debug!(quorum = survey.quorum.is_some(), failures = ?survey.failures, "the other members asked");
     let store = cfg.backup.open_store().ok();
     let plan = match &store {
         Some(store) => match crate::cluster::restore::pending_plan(store, &me.name, data).await {

@@ -281,14 +281,25 @@ impl Warden {
     /// warden has exited, and when the answer comes from another process (a stale warden of an
     /// earlier test on the same address would otherwise satisfy the wait).
     pub fn wait_ready(&self, timeout: Duration) {
-        wait_for(
-            &format!("warden at {} to report ready", self.http),
-            timeout,
-            || {
-                self.assert_running();
-                matches!(self.get("/readyz"), Some((200, _))).then_some(())
-            },
-        );
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.assert_running();
+            let last = self.get("/readyz");
+            if matches!(last, Some((200, _))) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let log = self.log_text();
+                let tail: Vec<&str> = log.lines().rev().take(80).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                panic!(
+                    "timed out after {timeout:?} waiting for warden at {} to report ready; the last /readyz: {last:?}; the log's end:\n{}",
+                    self.http,
+                    tail.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         if self.direct {
             let pid = self.status()["warden"]["pid"].as_i64();
             assert_eq!(
