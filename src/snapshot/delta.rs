@@ -94,6 +94,9 @@ impl DeltaBuffer {
     pub fn push_lease(&mut self, lease: Lease) {
         if self.leases.insert(lease.id) {
             delta_codec::encode_lease(&lease, &mut self.bytes);
+            // A restore adds this lease: the next listing is recorded even if it equals the last
+            // set, or a revocation before it (a set without the lease) would never reach the store.
+            self.lease_set = None;
         }
     }
 
@@ -272,6 +275,25 @@ mod tests {
                 version: r - 1,
             }],
         }
+    }
+
+    #[test]
+    fn a_lease_record_makes_the_next_set_recorded_even_if_unchanged() {
+        let mut b = DeltaBuffer::new(chain(1), 1);
+        assert!(b.push_lease_set(vec![]));
+        assert!(
+            !b.push_lease_set(vec![]),
+            "an unchanged set is not recorded twice"
+        );
+        b.push_lease(Lease {
+            id: 7,
+            granted_ttl: 60,
+        });
+        // Lease 7 was granted, used and revoked between two listings that both saw no lease.
+        assert!(
+            b.push_lease_set(vec![]),
+            "the set after a lease record is recorded"
+        );
     }
 
     fn chain(base: i64) -> ChainId {
