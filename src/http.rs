@@ -39,16 +39,29 @@ use crate::state::Shared;
 const PLAIN: &str = "text/plain; charset=utf-8";
 
 /// The most connections one listener serves at once.
-pub const MAX_CONNECTIONS: usize = 256;
+pub const MAX_CONNECTIONS: usize = 128;
 /// How long a request's headers may take to arrive (an idle connection included).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long one connection is served at most (a scraper's keep-alive reconnects).
 pub const CONNECTION_LIFETIME: Duration = Duration::from_secs(120);
 
-/// The connections one listener serves, oldest first; past [`MAX_CONNECTIONS`] the oldest goes.
-#[derive(Clone, Default)]
+/// The connections one listener serves, oldest first. A connection holds one of
+/// [`MAX_CONNECTIONS`] slots until its task is gone (its socket closed), and a slot is taken before
+/// the next accept: when all are held, the oldest connection is closed and its slot awaited, so the
+/// listener never holds more sockets than that, however fast clients connect.
+#[derive(Clone)]
 struct Connections {
     open: Arc<Mutex<Open>>,
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Self {
+            open: Arc::default(),
+            slots: Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS)),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -58,15 +71,31 @@ struct Open {
 }
 
 impl Connections {
+    /// A free slot, closing the oldest connection while there is none.
+    async fn slot(&self) -> tokio::sync::OwnedSemaphorePermit {
+        loop {
+            if let Ok(p) = self.slots.clone().try_acquire_owned() {
+                return p;
+            }
+            let oldest = {
+                let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+                open.tasks.pop_front()
+            };
+            if let Some((_, task)) = oldest {
+                task.abort();
+            }
+            // The closed connection's task gives its slot back when it is dropped.
+            let wait = self.slots.clone().acquire_owned();
+            if let Ok(Ok(p)) = tokio::time::timeout(Duration::from_millis(100), wait).await {
+                return p;
+            }
+        }
+    }
+
     fn admit(&self, spawn: impl FnOnce(Connections, u64) -> tokio::task::JoinHandle<()>) {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         open.last_id += 1;
         let id = open.last_id;
-        while open.tasks.len() >= MAX_CONNECTIONS {
-            if let Some((_, oldest)) = open.tasks.pop_front() {
-                oldest.abort();
-            }
-        }
         // Spawned under the lock, so the task's `done` cannot run before it is listed.
         let handle = spawn(self.clone(), id);
         open.tasks.push_back((id, handle.abort_handle()));
@@ -206,10 +235,20 @@ pub async fn serve(listener: TcpListener, shared: Shared, actions: Arc<Actions>,
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => return,
-            a = listener.accept() => a.map(|(s, _)| s),
+            a = async {
+                let slot = conns.slot().await;
+                listener.accept().await.map(|(s, _)| (s, slot))
+            } => a,
         };
         match accepted {
-            Ok(stream) => connection(stream, shared.clone(), actions.clone(), Access::Network, &conns),
+            Ok((stream, slot)) => connection(
+                stream,
+                slot,
+                shared.clone(),
+                actions.clone(),
+                Access::Network,
+                &conns,
+            ),
             Err(err) => accept_failed(err).await,
         }
     }
@@ -227,10 +266,20 @@ pub async fn serve_admin(
     loop {
         let accepted = tokio::select! {
             _ = cancel.cancelled() => break,
-            a = listener.accept() => a.map(|(s, _)| s),
+            a = async {
+                let slot = conns.slot().await;
+                listener.accept().await.map(|(s, _)| (s, slot))
+            } => a,
         };
         match accepted {
-            Ok(stream) => connection(stream, shared.clone(), actions.clone(), Access::Socket, &conns),
+            Ok((stream, slot)) => connection(
+                stream,
+                slot,
+                shared.clone(),
+                actions.clone(),
+                Access::Socket,
+                &conns,
+            ),
             Err(err) => accept_failed(err).await,
         }
     }
@@ -242,12 +291,20 @@ async fn accept_failed(err: std::io::Error) {
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
 }
 
-fn connection<S>(stream: S, shared: Shared, actions: Arc<Actions>, access: Access, conns: &Connections)
-where
+fn connection<S>(
+    stream: S,
+    slot: tokio::sync::OwnedSemaphorePermit,
+    shared: Shared,
+    actions: Arc<Actions>,
+    access: Access,
+    conns: &Connections,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     conns.admit(move |conns, id| {
         tokio::spawn(async move {
+            // Given back with the socket, when this task ends or is aborted.
+            let _slot = slot;
             let service = service_fn(move |req| {
                 let (shared, actions) = (shared.clone(), actions.clone());
                 async move { Ok::<_, Infallible>(route(&req, &shared, &actions, access)) }
