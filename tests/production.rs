@@ -23,6 +23,16 @@ fn store_head(store: &str) -> i64 {
         .unwrap_or(0)
 }
 
+/// One member's production-shaped configuration in a fresh directory: (the directory, the member,
+/// its data dir, a file store beside it).
+fn one_member() -> (tempfile::TempDir, Prod, std::path::PathBuf, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let prod = Prod::new(&unique_ip(), dir.path());
+    let data = dir.path().join("data");
+    let store = format!("file://{}", dir.path().join("store").display());
+    (dir, prod, data, store)
+}
+
 fn start(etcd: &Path, prod: &Prod, data: &Path, store: &str, extra: &[&str]) -> Warden {
     start_with_env(etcd, prod, data, store, extra, &[])
 }
@@ -65,11 +75,7 @@ fn etcd_3_7_auth_on_a_killed_member_restarts_on_its_own_data_with_every_acknowle
 /// warden has, the data dir stays, and the crash's tail reaches the store.
 fn killed_member_keeps_its_data(etcd: &Path) {
     let ctl = etcdctl_for(etcd);
-    let ip = unique_ip();
-    let dir = tempfile::tempdir().unwrap();
-    let prod = Prod::new(&ip, dir.path());
-    let data = dir.path().join("data");
-    let store = format!("file://{}", dir.path().join("store").display());
+    let (dir, prod, data, store) = one_member();
     // A long delta period: what is written after the last full is only in the data dir when the
     // warden is killed.
     let extra = ["--delta-snapshot-period", "1h"];
@@ -323,11 +329,7 @@ fn etcd_3_7_a_password_change_and_auth_disable_after_the_full_survive_a_restore(
 /// and auth on. etcd's auth revision moves on both; the warden takes a full after either.
 fn auth_changes_survive_a_restore(etcd: &Path) {
     let ctl = etcdctl_for(etcd);
-    let ip = unique_ip();
-    let dir = tempfile::tempdir().unwrap();
-    let prod = Prod::new(&ip, dir.path());
-    let data = dir.path().join("data");
-    let store = format!("file://{}", dir.path().join("store").display());
+    let (_dir, prod, data, store) = one_member();
     let extra = ["--delta-snapshot-period", "200ms"];
     let w = start(etcd, &prod, &data, &store, &extra);
     w.wait_ready(START);
@@ -732,11 +734,8 @@ fn etcd_3_7_undo_and_a_one_shot_snapshot_work_with_etcd_auth_on() {
 /// `--etcd-user` and `--etcd-password-file` now, as `run` does.
 fn undo_with_auth(etcd: &Path) {
     let ctl = etcdctl_for(etcd);
-    let ip = unique_ip();
-    let dir = tempfile::tempdir().unwrap();
-    let prod = Prod::new(&ip, dir.path());
-    let data = dir.path().join("data");
-    let store = format!("file://{}", dir.path().join("store").display());
+    let (_dir, prod, data, store) = one_member();
+    let ip = prod.ip.clone();
     let w = start(etcd, &prod, &data, &store, &["--delta-snapshot-period", "200ms"]);
     w.wait_ready(START);
     enable_auth_and_back_it_up(&w, &prod, &ctl);
@@ -946,11 +945,7 @@ fn etcd_3_7_nospace_is_repaired_with_auth_on_and_the_quota_set_by_variable() {
 /// write acknowledged before.
 fn nospace_with_auth(etcd: &Path) {
     let ctl = etcdctl_for(etcd);
-    let ip = unique_ip();
-    let dir = tempfile::tempdir().unwrap();
-    let prod = Prod::new(&ip, dir.path());
-    let data = dir.path().join("data");
-    let store = format!("file://{}", dir.path().join("store").display());
+    let (_dir, prod, data, store) = one_member();
     let w = start_with_env(
         etcd,
         &prod,
@@ -1026,11 +1021,7 @@ fn nospace_with_auth(etcd: &Path) {
 fn an_upgrade_with_auth_on_takes_a_complete_rollback_point_after_a_crash() {
     let (etcd36, etcd37) = (default_etcd(), etcd37());
     let ctl = etcdctl_for(&etcd37);
-    let ip = unique_ip();
-    let dir = tempfile::tempdir().unwrap();
-    let prod = Prod::new(&ip, dir.path());
-    let data = dir.path().join("data");
-    let store = format!("file://{}", dir.path().join("store").display());
+    let (dir, prod, data, store) = one_member();
     let extra = ["--delta-snapshot-period", "200ms"];
     let w = start(&etcd36, &prod, &data, &store, &extra);
     w.wait_ready(START);
@@ -1103,11 +1094,7 @@ fn an_upgrade_with_auth_on_takes_a_complete_rollback_point_after_a_crash() {
 fn a_lease_granted_used_and_revoked_within_one_period_stays_revoked_in_a_restore() {
     let etcd = default_etcd();
     let ctl = etcdctl_for(&etcd);
-    let ip = unique_ip();
-    let dir = tempfile::tempdir().unwrap();
-    let prod = Prod::new(&ip, dir.path());
-    let data = dir.path().join("data");
-    let store = format!("file://{}", dir.path().join("store").display());
+    let (dir, prod, data, store) = one_member();
     let w = start(&etcd, &prod, &data, &store, &["--delta-snapshot-period", "2s"]);
     w.wait_ready(START);
     enable_auth_and_back_it_up(&w, &prod, &ctl);
