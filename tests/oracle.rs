@@ -4,9 +4,15 @@
 //! printed; `ORACLE_SEED=N` replays one.
 //!
 //! The mix: puts, deletes, range deletes, transactions, leases granted with keys attached, leases
-//! granted with no key, keep-alives and revocations; before it, seeded auth changes (users,
-//! roles, permissions, a password change) that the warden must carry in a full. Not yet in it
-//! (issue 40, open): member changes and compactions inside the window.
+//! granted with no key, keep-alives and revocations, a learner added and removed, and a
+//! compaction; before it, seeded auth changes (users, roles, permissions, a password change) that
+//! the warden must carry in a full.
+//!
+//! A compaction is the one deliberate difference (docs/design.md, "What a restore holds"): the
+//! watch does not report compactions, so the warden's restore keeps the history etcd compacted
+//! after the full. The oracle checks that etcd compacted at the revision the mix asked for, and
+//! compares the warden's restore after compacting it there by etcd's rule (per key, the newest
+//! revision at or below it unless a deletion; nothing else at or below it).
 #![allow(clippy::disallowed_methods)]
 
 mod common;
@@ -18,7 +24,9 @@ use std::time::Duration;
 
 use common::prod::Prod;
 use common::*;
-use etcd_client::{Compare, CompareOp, DeleteOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    CompactionOptions, Compare, CompareOp, DeleteOptions, MemberAddOptions, PutOptions, Txn, TxnOp,
+};
 use etcd_warden::restore::bolt::{BoltFile, BucketValue};
 
 const START: Duration = Duration::from_secs(90);
@@ -37,6 +45,8 @@ const BUCKETS: &[&str] = &[
     "meta",
 ];
 const META_OWN: &[&[u8]] = &[b"consistent_index", b"term", b"confState"];
+/// The meta keys of a compaction: etcd's must name the mix's compaction, the warden's do not.
+const META_COMPACT: &[&[u8]] = &[b"scheduledCompactRev", b"finishedCompactRev"];
 
 type Dump = BTreeMap<String, BTreeMap<Vec<u8>, Vec<u8>>>;
 
@@ -64,6 +74,49 @@ fn dump(data: &Path, scratch: &Path) -> Dump {
     drop(db);
     std::fs::remove_file(&copy).unwrap();
     out
+}
+
+/// The user key of an mvcc `KeyValue` (field 1, first on the wire).
+fn user_key(kv: &[u8]) -> Vec<u8> {
+    assert_eq!(kv.first(), Some(&0x0a), "a KeyValue starts with its key");
+    let (mut len, mut shift, mut at) = (0usize, 0, 1);
+    loop {
+        let b = kv[at];
+        len |= usize::from(b & 0x7f) << shift;
+        at += 1;
+        shift += 7;
+        if b & 0x80 == 0 {
+            break;
+        }
+    }
+    kv[at..at + len].to_vec()
+}
+
+/// The main revision of a `key` bucket entry (8 bytes big-endian, `_`, the sub revision, and `t`
+/// for a deletion).
+fn main_revision(k: &[u8]) -> i64 {
+    i64::from_be_bytes(k[..8].try_into().unwrap())
+}
+
+/// `dump`'s `key` bucket compacted at `at` by etcd's rule: of each key's entries at or below
+/// `at`, only the newest stays, and a deletion only when it is at `at` itself (etcd keeps a
+/// tombstone at the compaction revision).
+fn compact_at(dump: &mut Dump, at: i64) {
+    let Some(keys) = dump.get_mut("key") else {
+        return;
+    };
+    let mut newest: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    for (k, v) in keys.iter() {
+        if main_revision(k) <= at {
+            // Entries are in revision order: the last one seen per key is its newest.
+            newest.insert(user_key(v), k.clone());
+        }
+    }
+    let keep: std::collections::BTreeSet<Vec<u8>> = newest
+        .into_values()
+        .filter(|k| k.last() != Some(&b't') || main_revision(k) == at)
+        .collect();
+    keys.retain(|k, _| main_revision(k) > at || keep.contains(k));
 }
 
 /// The differences between two dumps, one line each (at most `limit`).
@@ -95,10 +148,45 @@ fn differences(want: &Dump, got: &Dump, limit: usize) -> Vec<String> {
     out
 }
 
-/// `n` random operations of the mix on `c`; `leases` are the live leases it granted.
-async fn mix(c: &mut etcd_client::Client, rng: &mut fastrand::Rng, n: usize, leases: &mut Vec<i64>) {
+/// `n` random operations of the mix on `c`; `leases` are the live leases it granted. With
+/// `changes`, one learner is added and later removed, and etcd is compacted (physically, so the
+/// compaction is finished before a snapshot) at a revision up to 20 writes back; returns that revision.
+async fn mix(
+    c: &mut etcd_client::Client,
+    rng: &mut fastrand::Rng,
+    n: usize,
+    leases: &mut Vec<i64>,
+    changes: bool,
+) -> Option<i64> {
     let key = |rng: &mut fastrand::Rng| format!("/r/{}/{:02}", rng.u8(0..3), rng.u8(0..12));
-    for _ in 0..n {
+    let (add_at, remove_at, compact_at) = if changes {
+        let add = rng.usize(..n / 2);
+        (add, rng.usize(add + 1..n), rng.usize(n / 2..n))
+    } else {
+        (n, n, n)
+    };
+    let mut learner = None;
+    let mut compacted = None;
+    for i in 0..n {
+        if i == add_at {
+            let url = format!("https://127.0.0.1:{}", rng.u16(20000..60000));
+            let added = c
+                .member_add([url], Some(MemberAddOptions::new().with_is_learner()))
+                .await
+                .unwrap();
+            learner = Some(added.member().unwrap().id());
+        }
+        if i == remove_at {
+            c.member_remove(learner.take().unwrap()).await.unwrap();
+        }
+        if i == compact_at {
+            let now = c.get("nothing", None).await.unwrap().header().unwrap().revision();
+            let at = now - rng.i64(0..20).min(now - 1);
+            c.compact(at, Some(CompactionOptions::new().with_physical()))
+                .await
+                .unwrap();
+            compacted = Some(at);
+        }
         match rng.u8(0..100) {
             0..50 => {
                 let v = format!(
@@ -158,6 +246,7 @@ async fn mix(c: &mut etcd_client::Client, rng: &mut fastrand::Rng, n: usize, lea
     // A write after the last lease change: a lease set the warden lists at this revision or later
     // was listed after every change above.
     c.put("/r/end", format!("{}", rng.u32(..)), None).await.unwrap();
+    compacted
 }
 
 /// Seeded auth changes: users with passwords, roles with permissions, grants, a password change.
@@ -252,11 +341,15 @@ fn oracle(etcd: &Path) {
 
     let snap = dir.path().join("etcd-at-r.db");
     let mut leases = Vec::new();
-    let (r, last) = rt().block_on(async {
+    let (r, last, compacted) = rt().block_on(async {
         let mut c = prod.client().await.expect("connect as root over TLS");
-        mix(&mut c, &mut rng, 120, &mut leases).await;
+        let before = c.get("nothing", None).await.unwrap().header().unwrap().revision();
+        let compacted = mix(&mut c, &mut rng, 120, &mut leases, true)
+            .await
+            .expect("the mix compacts");
         // etcd's own snapshot at R, between two halves of the mix.
         let r = c.get("nothing", None).await.unwrap().header().unwrap().revision();
+        assert!(r - before > 60, "the mix wrote little: revisions {before}..{r}");
         run(
             Command::new(&ctl)
                 .env("ETCDCTL_API", "3")
@@ -281,9 +374,9 @@ fn oracle(etcd: &Path) {
             START,
             || (w.status()["backup"]["leases_checked_revision"].as_i64() >= Some(r)).then_some(()),
         );
-        mix(&mut c, &mut rng, 120, &mut leases).await;
+        mix(&mut c, &mut rng, 120, &mut leases, false).await;
         let last = c.get("nothing", None).await.unwrap().header().unwrap().revision();
-        (r, last)
+        (r, last, compacted)
     });
     let status = run(
         Command::new(&utl)
@@ -332,12 +425,36 @@ fn oracle(etcd: &Path) {
         "etcd-warden restore --to-revision",
     );
     let scratch = tempfile::tempdir().unwrap();
-    let (want, got) = (dump(&theirs, scratch.path()), dump(&ours, scratch.path()));
+    let (mut want, mut got) = (dump(&theirs, scratch.path()), dump(&ours, scratch.path()));
+    for (side, d) in [("etcd", &mut want), ("the warden", &mut got)] {
+        let meta = d.get_mut("meta").unwrap();
+        let revs: Vec<Option<i64>> = META_COMPACT
+            .iter()
+            .map(|k| meta.remove(*k).map(|v| main_revision(&v)))
+            .collect();
+        if side == "etcd" {
+            assert_eq!(
+                revs,
+                [Some(compacted), Some(compacted)],
+                "etcd's snapshot at {r} names the mix's compaction at {compacted} (scheduled, finished)"
+            );
+        } else {
+            assert!(
+                revs.iter().all(|x| x.is_none_or(|x| x <= compacted)),
+                "the warden's restore names a compaction after the mix's at {compacted}: {revs:?}"
+            );
+        }
+    }
+    // The model of etcd's compaction, checked against etcd: it leaves etcd's snapshot unchanged.
+    let etcds = want.clone();
+    compact_at(&mut want, compacted);
+    let model = differences(&etcds, &want, 20);
     assert!(
-        want.get("key").is_some_and(|k| k.len() > 50),
-        "the mix wrote little: {:?}",
-        want.iter().map(|(b, m)| (b, m.len())).collect::<Vec<_>>()
+        model.is_empty(),
+        "seed {seed}: compacting etcd's own snapshot at {compacted} again changed it:\n{}",
+        model.join("\n")
     );
+    compact_at(&mut got, compacted);
     let diff = differences(&want, &got, 20);
     let listed: Vec<String> = backups_list(&store, &[])
         .iter()
