@@ -163,7 +163,7 @@ fn file_store_round_trip(etcd: &Path, v35: bool) {
         .unwrap();
     let restored = dir.path().join("restored");
     let ip2 = unique_ip();
-    let peer = format!("r1=http://{ip2}:2380");
+    let peer = format!("r1=https://{ip2}:2380");
     // etcd's own restore tool: etcdutl for 3.5, etcdctl (API v3) for 3.4.
     let mut tool = if v35 {
         Command::new(etcd.with_file_name("etcdutl"))
@@ -180,7 +180,7 @@ fn file_store_round_trip(etcd: &Path, v35: bool) {
             restored.to_str().unwrap(),
         ])
         .args(["--name", "r1", "--initial-cluster", &peer])
-        .args(["--initial-advertise-peer-urls", &format!("http://{ip2}:2380")])
+        .args(["--initial-advertise-peer-urls", &format!("https://{ip2}:2380")])
         .output()
         .unwrap();
     assert!(
@@ -427,9 +427,7 @@ fn every_write_acknowledged_until_etcd_stops_is_in_the_store() {
                     .unwrap();
                 rt.block_on(async {
                     let opts = etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(2));
-                    let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], Some(opts))
-                        .await
-                        .unwrap();
+                    let mut c = pki::connect(&ip, Some(opts)).await.unwrap();
                     let mut last = None;
                     for i in 0.. {
                         let key = format!("r{round}-w{i}");
@@ -765,11 +763,7 @@ fn delta_buffer_bound_uploads_early_and_a_dropped_buffer_is_followed_by_a_full()
     });
     let first_base = w.status()["backup"]["chain_base"].as_i64().unwrap();
     let rt = rt();
-    let mut client = rt.block_on(async {
-        etcd_client::Client::connect([format!("http://{ip}:2379")], None)
-            .await
-            .unwrap()
-    });
+    let mut client = rt.block_on(async { pki::connect(&ip, None).await.unwrap() });
     let mut acked = Vec::new();
     let mut n = 0;
     let mut put = |acked: &mut Vec<String>| {

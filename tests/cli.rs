@@ -711,7 +711,8 @@ fn a_missing_tls_file_is_refused_before_etcd_starts() {
         cmd.args(["run", "--listen", &format!("{ip}:2378"), "--store", &store])
             .arg("--")
             .arg(default_etcd())
-            .args(etcd_args(&ip, &data))
+            // Plain http underneath: each case adds the one TLS setting it is about.
+            .args(etcd_args_http(&ip, &data))
             .args(&flags)
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .current_dir(dir.path());

@@ -1240,10 +1240,11 @@ fn randomized_fault_schedule_against_three_members_under_writes() {
     });
     // Writes through all three members, each acknowledged one with the moment it was.
     let stop = Arc::new(AtomicBool::new(false));
-    let endpoints: Vec<String> = ips.iter().map(|ip| format!("http://{ip}:2379")).collect();
+    let endpoints: Vec<String> = ips.iter().map(|ip| pki::client_url(ip)).collect();
+    let ctl_tls = pki::client_flags(&ips[0]);
     let writes = {
         let stop = stop.clone();
-        let endpoints = endpoints.clone();
+        let ips = ips.clone();
         std::thread::spawn(move || {
             rt().block_on(async move {
                 let opts = etcd_client::ConnectOptions::new()
@@ -1254,9 +1255,7 @@ fn randomized_fault_schedule_against_three_members_under_writes() {
                 let mut n = 0u64;
                 while !stop.load(Ordering::SeqCst) {
                     if client.is_none() {
-                        client = etcd_client::Client::connect(endpoints.clone(), Some(opts.clone()))
-                            .await
-                            .ok();
+                        client = pki::connect_all(&ips, Some(opts.clone())).await.ok();
                     }
                     let k = format!("k{n:07}");
                     n += 1;
@@ -1356,6 +1355,7 @@ fn randomized_fault_schedule_against_three_members_under_writes() {
                 let to = (leader + 1 + rng.usize(0..2)) % 3;
                 // Asked through every member: the one moved to may be between two faults' ends.
                 let listed = Command::new(&ctl)
+                    .args(&ctl_tls)
                     .args([
                         "--endpoints",
                         &endpoints.join(","),
@@ -1376,6 +1376,7 @@ fn randomized_fault_schedule_against_three_members_under_writes() {
                 });
                 if let Some(id) = id {
                     let _ = Command::new(&ctl)
+                        .args(&ctl_tls)
                         .args([
                             "--endpoints",
                             &endpoints.join(","),

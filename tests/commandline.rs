@@ -475,7 +475,7 @@ fn another_process_on_etcds_addresses_is_refused_and_nothing_is_touched() {
     assert_eq!(code, 1, "{log}");
     assert!(log.contains("another process already listens"), "{log}");
     assert!(
-        log.contains(&format!("--listen-client-urls http://{ip}:2379/")),
+        log.contains(&format!("--listen-client-urls https://{ip}:2379/")),
         "names the address: {log}"
     );
     assert!(
@@ -598,7 +598,7 @@ fn another_etcd_on_the_address_while_etcd_is_down_holds_the_restart_back() {
         st["etcd"]["held_back"].as_str().map(str::to_owned)
     });
     assert!(
-        held.contains(&format!("--listen-client-urls http://{ip}:2379/")),
+        held.contains(&format!("--listen-client-urls https://{ip}:2379/")),
         "{held}"
     );
     let until = std::time::Instant::now() + Duration::from_secs(5);
@@ -658,7 +658,8 @@ fn an_etcd_the_warden_did_not_start_is_never_reported_ready_nor_backed_up() {
         &argv,
     );
     wait_for("the stand-in etcd to run", UP, || w.etcd_pid());
-    let other = PlainEtcd::start(&etcd, &ip, &dir.path().join("other"), "foreign");
+    // On plain http, as the stand-in's command line says etcd serves.
+    let other = PlainEtcd::start_http(&etcd, &ip, &dir.path().join("other"), "foreign");
     let verdict = wait_for(
         "a health verdict on the etcd answering at the address",
         UP,

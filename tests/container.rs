@@ -173,6 +173,10 @@ fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds
     let ip = unique_ip();
     let http = format!("{ip}:2378");
     let listen = format!("ETCD_WARDEN_LISTEN={http}");
+    // etcd's certificates, made on the host and mounted at the same path.
+    let certs = tempfile::tempdir().unwrap();
+    pki::make(&ip, certs.path());
+    let certs_volume = format!("{0}:{0}:ro", certs.path().display());
     let mut args = vec![
         "run",
         "--detach",
@@ -180,6 +184,8 @@ fn warden_as_container_pid1_snapshots_on_usr1_reaps_orphans_and_stops_with_etcds
         &name,
         "--network",
         "host",
+        "--volume",
+        &certs_volume,
         // A test killed before its guard runs leaves no container behind for long.
         "--timeout",
         "600",

@@ -277,9 +277,7 @@ fn retention_never_deletes_an_object_under_object_lock_and_deletes_it_once_the_l
 
 fn etcdctl_put(ip: &str, key: &str) {
     rt().block_on(async {
-        let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], None)
-            .await
-            .expect("connect to etcd");
+        let mut c = pki::connect(ip, None).await.expect("connect to etcd");
         c.put(key, "v", None).await.expect("put");
     });
 }

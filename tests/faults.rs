@@ -52,9 +52,7 @@ fn warden_sigkilled_mid_upload_20_times_leaves_no_partial_object_and_every_backu
     {
         let plain = PlainEtcd::start(&etcd, &ip, &data, "m1");
         rt().block_on(async {
-            let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], None)
-                .await
-                .unwrap();
+            let mut c = pki::connect(&ip, None).await.unwrap();
             for i in 0..48u32 {
                 let v: Vec<u8> = (0..512 * 1024u32)
                     .map(|j| (j.wrapping_mul(2654435761).wrapping_add(i) >> 13) as u8)
@@ -179,6 +177,8 @@ fn data_dir_filesystem_full_gives_clear_errors_and_loses_no_acknowledged_write()
     let dir = tempfile::tempdir().unwrap();
     let mnt = dir.path().join("small");
     std::fs::create_dir(&mnt).unwrap();
+    // etcd's certificates outside the tmpfs the data dir gets.
+    pki::make(&ip, dir.path());
     let store = format!("file://{}", dir.path().join("store").display());
     // The warden and etcd run in their own mount namespace, with the data dir on a 256 MiB tmpfs
     // (etcd preallocates 64 MiB of WAL) and a 96 MiB ballast file the test removes later: enough
@@ -218,9 +218,7 @@ fn data_dir_filesystem_full_gives_clear_errors_and_loses_no_acknowledged_write()
     let mut acked = Vec::new();
     rt().block_on(async {
         let opts = etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(3));
-        let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], Some(opts))
-            .await
-            .unwrap();
+        let mut c = pki::connect(&ip, Some(opts)).await.unwrap();
         let v = vec![b'x'; 256 * 1024];
         for i in 0..1000 {
             let k = format!("k{i:06}");

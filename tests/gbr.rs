@@ -656,7 +656,7 @@ fn a_cluster_on_a_gbr_prefix_never_bootstraps_empty_and_one_cluster_restore_brin
     let cluster = ips
         .iter()
         .enumerate()
-        .map(|(i, ip)| format!("m{i}=http://{ip}:2380"))
+        .map(|(i, ip)| format!("m{i}=https://{ip}:2380"))
         .collect::<Vec<_>>()
         .join(",");
     let out = Command::new(WARDEN)

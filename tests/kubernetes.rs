@@ -58,12 +58,28 @@ fn openssl(args: &[&str], dir: &Path) {
 }
 
 impl Kube {
-    fn start(ip: &str, etcd_servers: &str) -> Self {
-        Self::start_with(ip, etcd_servers, &[])
+    fn start(ip: &str, etcd: &[String]) -> Self {
+        Self::start_with(ip, etcd, &[])
     }
 
     /// With more flags (e.g. `--encryption-provider-config`).
-    fn start_with(ip: &str, etcd_servers: &str, extra: &[String]) -> Self {
+    /// kube-apiserver of the etcd members on `etcd`, over TLS with a client certificate as
+    /// kubeadm configures it (`--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile`).
+    fn start_with(ip: &str, etcd: &[String], extra: &[String]) -> Self {
+        let etcd_servers = etcd
+            .iter()
+            .map(|ip| pki::client_url(ip))
+            .collect::<Vec<_>>()
+            .join(",");
+        let pki = pki::must(&etcd[0]);
+        let tls: Vec<String> = [
+            ("etcd-cafile", "ca.crt"),
+            ("etcd-certfile", "healthcheck-client.crt"),
+            ("etcd-keyfile", "healthcheck-client.key"),
+        ]
+        .iter()
+        .map(|(flag, f)| format!("--{flag}={}", pki.join(f).display()))
+        .collect();
         let dir = tempfile::tempdir().unwrap();
         openssl(&["genrsa", "-out", "sa.key", "2048"], dir.path());
         openssl(&["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"], dir.path());
@@ -90,6 +106,7 @@ impl Kube {
             "--service-cluster-ip-range=10.96.0.0/24",
             "--enable-priority-and-fairness=false",
         ])
+        .args(tls)
         .args(extra)
         .stdout(log.try_clone().unwrap())
         .stderr(log)
@@ -171,7 +188,7 @@ fn cluster_with_objects(dir: &Path, extra: &[&str]) -> (Warden, Kube, String, St
     let etcd = etcd37();
     let ip = unique_ip();
     let (w, store) = warden_with_file_store(&etcd, &ip, dir, extra);
-    let kube = Kube::start(&ip, &format!("http://{ip}:2379"));
+    let kube = Kube::start(&ip, std::slice::from_ref(&ip));
     kube.json(
         "POST",
         "/api/v1/namespaces",
@@ -421,17 +438,12 @@ fn undo_brings_deleted_configmaps_back_under_a_running_kube_apiserver_with_ordin
     wait_for(&format!("the deletes (revision {rev}) in the store"), UP, || {
         (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
     });
-    let endpoints = format!("http://{ip}:2379");
+    let etcd_client = pki::warden_flags(&ip);
     let args = |cmd: &'static str| {
         let mut c = Command::new(WARDEN);
         c.args([cmd, "--store", &store, "--to-revision", &point.to_string()])
-            .args([
-                "--prefix",
-                "/registry/configmaps/w/",
-                "--endpoints",
-                &endpoints,
-                "--json",
-            ]);
+            .args(["--prefix", "/registry/configmaps/w/", "--json"])
+            .args(&etcd_client);
         c
     };
     let out = args("diff").output().unwrap();
@@ -513,8 +525,7 @@ fn kube_apiserver_recovers_from_a_cluster_restore_without_a_restart() {
     let store = format!("file://{}", dir.path().join("store").display());
     let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
     let mut wardens = start_members(&etcd, dir.path(), &store, &ips, "m", "warden-kube");
-    let servers: Vec<String> = ips.iter().map(|ip| format!("http://{ip}:2379")).collect();
-    let kube = Kube::start(&unique_ip(), &servers.join(","));
+    let kube = Kube::start(&unique_ip(), &ips);
     kube.json(
         "POST",
         "/api/v1/namespaces",
@@ -664,7 +675,7 @@ fn the_encryption_keys_each_full_needs_are_checked_by_run_and_by_backups_verify(
             .map(str::to_owned)
     };
     let flag = |p: &Path| vec![format!("--encryption-provider-config={}", p.display())];
-    let servers = format!("http://{ip}:2379");
+    let servers = vec![ip.clone()];
     let full_now = |w: &Warden| {
         let before = w.status()["backup"]["fulls_total"].as_u64().unwrap_or(0);
         w.signal(Signal::SIGUSR1);
@@ -821,9 +832,7 @@ fn the_key_check_reads_the_fulls_revision_or_the_current_one_after_a_compaction(
     let dir = tempfile::tempdir().unwrap();
     let _e = PlainEtcd::start(&etcd, &ip, &dir.path().join("data"), "k");
     let rt = rt();
-    let mut client = rt
-        .block_on(etcd_client::Client::connect([format!("http://{ip}:2379")], None))
-        .unwrap();
+    let mut client = rt.block_on(pki::connect(&ip, None)).unwrap();
     // 1 200 values with key1 (more than two pages), a plain one, then 300 of them moved to key2.
     rt.block_on(async {
         for i in 0..1200 {

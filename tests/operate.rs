@@ -218,9 +218,7 @@ fn scheduled_defrag_under_load_keeps_readiness() {
     );
     // ~150 MiB of history for the defrag to copy.
     rt().block_on(async {
-        let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], None)
-            .await
-            .unwrap();
+        let mut c = pki::connect(&ip, None).await.unwrap();
         let big = "x".repeat(1 << 20);
         for i in 0..150 {
             c.put(format!("big{}", i % 10), big.as_str(), None).await.unwrap();
@@ -384,7 +382,8 @@ fn snapshot_and_restore_show_progress_on_a_terminal() {
         text
     };
     let text = on_tty(format!(
-        "{WARDEN} snapshot --store {store} --endpoints http://{ip}:2379"
+        "{WARDEN} snapshot --store {store} {}",
+        pki::warden_flags(&ip).join(" ")
     ));
     assert!(text.contains("full snapshot at revision"), "{text}");
     assert!(text.contains("(100%)") && text.contains("/s"), "{text}");
@@ -424,9 +423,7 @@ fn full_snapshot_requests_over_the_admin_socket_coalesce_one_running_one_pending
     );
     // Values that do not compress: each full streams ~32 MiB through etcd's sha256 check.
     rt().block_on(async {
-        let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], None)
-            .await
-            .unwrap();
+        let mut c = pki::connect(&ip, None).await.unwrap();
         for i in 0..32u32 {
             let v: Vec<u8> = (0..1024 * 1024u32)
                 .map(|j| (j.wrapping_mul(2654435761).wrapping_add(i) >> 13) as u8)

@@ -58,9 +58,7 @@ fn timed_writer(ip: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(V
             let opts = etcd_client::ConnectOptions::new()
                 .with_timeout(Duration::from_secs(2))
                 .with_connect_timeout(Duration::from_secs(2));
-            let mut client = etcd_client::Client::connect([format!("http://{ip}:2379")], Some(opts))
-                .await
-                .unwrap();
+            let mut client = pki::connect(&ip, Some(opts)).await.unwrap();
             let mut acked = Vec::new();
             let mut last = Instant::now();
             let mut longest = Duration::ZERO;
@@ -183,7 +181,7 @@ fn data_dir_vanishes(etcd: &Path) {
         &ctl,
         &ips[writer_i],
         &format!("m{victim}"),
-        &format!("http://{}:2380", ips[victim]),
+        &format!("https://{}:2380", ips[victim]),
         old,
         START,
     );
@@ -322,7 +320,7 @@ fn a_truncated_db_is_kept_aside_and_the_repair_resumes_after_each_crash() {
         &ctl,
         &ips[writer_i],
         &format!("m{victim}"),
-        &format!("http://{}:2380", ips[victim]),
+        &format!("https://{}:2380", ips[victim]),
         old,
         START,
     );
@@ -546,9 +544,10 @@ fn all_three_wiped(etcd: &Path) {
     assert_ne!(new_id, old_id, "the restored cluster kept the lost one's id");
     // A watch from before the loss is told the history is compacted.
     let watch = std::process::Command::new(&ctl)
+        .args(pki::client_flags(&ips[0]))
         .args([
             "--endpoints",
-            &format!("http://{}:2379", ips[0]),
+            &pki::client_url(&ips[0]),
             "watch",
             "q",
             "--prefix",
@@ -792,10 +791,11 @@ fn scale_one_to_three_and_back_with_ctl_leave() {
         .id;
     let all = ips
         .iter()
-        .map(|ip| format!("http://{ip}:2379"))
+        .map(|ip| pki::client_url(ip))
         .collect::<Vec<_>>()
         .join(",");
     let moved = std::process::Command::new(&ctl)
+        .args(pki::client_flags(&ips[0]))
         .args(["--endpoints", &all, "move-leader", &format!("{m2_id:x}")])
         .output()
         .unwrap();
@@ -886,8 +886,8 @@ fn a_changed_peer_url_is_updated_through_a_peer() {
     let mut w = wardens[moved].take().unwrap();
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
-    let old_url = format!("http://{}:2380", ips[moved]);
-    let new_url = format!("http://{}:2390", ips[moved]);
+    let old_url = format!("https://{}:2380", ips[moved]);
+    let new_url = format!("https://{}:2390", ips[moved]);
     let argv: Vec<String> =
         member_args_token(&etcd, &ips, moved, &data_dir(dir.path(), moved), "warden-rejoin")
             .into_iter()
@@ -948,10 +948,11 @@ fn a_late_member_restores_the_plans_own_point_after_the_restored_cluster_moved_o
     assert_eq!(runbook.len(), 2, "plan, check: {runbook:#?}");
     let endpoints = ips
         .iter()
-        .map(|ip| format!("http://{ip}:2379"))
+        .map(|ip| pki::client_url(ip))
         .collect::<Vec<_>>()
         .join(",");
-    let vars = [("STORE", store.clone()), ("ENDPOINTS", endpoints)];
+    let mut vars = vec![("STORE", store.clone()), ("ENDPOINTS", endpoints)];
+    vars.extend(pki::etcdctl_env(&ips[0]));
     let bins = [Path::new(WARDEN).parent().unwrap(), etcd.parent().unwrap()];
     let out = run_block(
         &runbook[0],
@@ -1008,7 +1009,7 @@ fn a_late_member_restores_the_plans_own_point_after_the_restored_cluster_moved_o
     let checked = run_block(&runbook[1], &vars, &bins, "the runbook's step 3 (check)");
     for ip in &ips {
         assert_eq!(
-            checked.matches(&format!("http://{ip}:2379")).count(),
+            checked.matches(&pki::client_url(ip)).count(),
             2,
             "status and hash of {ip}:\n{checked}"
         );

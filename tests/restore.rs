@@ -23,9 +23,7 @@ const START: Duration = Duration::from_secs(30);
 type Kv = (Vec<u8>, Vec<u8>, i64, i64, i64, i64); // key, value, create, mod, version, lease
 
 async fn client(ip: &str) -> Client {
-    Client::connect([format!("http://{ip}:2379")], None)
-        .await
-        .unwrap()
+    pki::connect(ip, None).await.unwrap()
 }
 
 /// Every key (with its revisions and lease) and the store revision, optionally as of `rev`.
@@ -1023,9 +1021,7 @@ fn auth_changes_restored(etcd: &Path) {
     .unwrap();
     let rev = rt().block_on(async {
         let opts = etcd_client::ConnectOptions::new().with_user("root", "rootpw");
-        let mut c = Client::connect([format!("http://{ip}:2379")], Some(opts))
-            .await
-            .unwrap();
+        let mut c = pki::connect(&ip, Some(opts)).await.unwrap();
         c.get("/a/1", None).await.unwrap().header().unwrap().revision()
     });
     wait_for(&format!("revision {rev} in the store"), START, || {

@@ -19,9 +19,7 @@ const START: Duration = Duration::from_secs(60);
 const DEFAULT_BUMP: i64 = 1_000_000_000;
 
 async fn client(ip: &str) -> Client {
-    Client::connect([format!("http://{ip}:2379")], None)
-        .await
-        .unwrap()
+    pki::connect(ip, None).await.unwrap()
 }
 
 /// The current revision and (key, value, mod_revision) of every key.
@@ -275,9 +273,9 @@ fn bump_equals_etcdutls_own() {
             "--name",
             "m1",
             "--initial-cluster",
-            &format!("m1=http://{ip}:2380"),
+            &format!("m1=https://{ip}:2380"),
         ])
-        .args(["--initial-advertise-peer-urls", &format!("http://{ip}:2380")])
+        .args(["--initial-advertise-peer-urls", &format!("https://{ip}:2380")])
         .args(["--bump-revision", n, "--mark-compacted"])
         .output()
         .unwrap();

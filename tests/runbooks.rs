@@ -53,7 +53,7 @@ fn the_point_in_time_runbook_runs_as_written() {
         ("ADMIN_SOCKET", socket_arg.clone()),
         ("DATA_DIR", data.display().to_string()),
         ("NAME", "m1".to_owned()),
-        ("PEER_URL", format!("http://{ip}:2380")),
+        ("PEER_URL", format!("https://{ip}:2380")),
         ("ETCD", etcd.display().to_string()),
         ("POINT", humantime::format_rfc3339_seconds(point).to_string()),
     ];

@@ -30,8 +30,7 @@ fn timed_writer(ip: &str, stop: Arc<AtomicBool>, acks: Arc<Mutex<Vec<Ack>>>) -> 
             let opts = etcd_client::ConnectOptions::new()
                 .with_timeout(Duration::from_secs(2))
                 .with_connect_timeout(Duration::from_secs(2));
-            let Ok(mut c) = etcd_client::Client::connect([format!("http://{ip}:2379")], Some(opts)).await
-            else {
+            let Ok(mut c) = pki::connect(&ip, Some(opts)).await else {
                 return;
             };
             let mut n = 0u64;

@@ -458,9 +458,7 @@ fn a_nospace_alarm_makes_readiness_503_until_it_is_disarmed() {
     w.wait_ready(START);
     // Distinct 1 MiB values until etcd refuses: its backend is over the quota.
     let refused = rt().block_on(async {
-        let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], None)
-            .await
-            .unwrap();
+        let mut c = pki::connect(&ip, None).await.unwrap();
         for i in 0..64u32 {
             let v: Vec<u8> = (0..1024 * 1024u32)
                 .map(|j| (j.wrapping_mul(2654435761).wrapping_add(i) >> 13) as u8)
@@ -500,9 +498,7 @@ fn a_corrupt_alarm_makes_readiness_503_until_it_is_disarmed() {
     let (_data, mut w, ip) = with_etcd(&etcd, &["--health-interval", "200ms"]);
     w.wait_ready(START);
     rt().block_on(async {
-        let mut c = etcd_client::Client::connect([format!("http://{ip}:2379")], None)
-            .await
-            .unwrap();
+        let mut c = pki::connect(&ip, None).await.unwrap();
         let member = c.status().await.unwrap().header().unwrap().member_id();
         let mut opts = etcd_client::AlarmOptions::new();
         opts.with_member(member);

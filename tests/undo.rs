@@ -61,17 +61,9 @@ fn warden(args: &[&str], envs: &[(&str, &str)]) -> Command {
 
 /// `diff --json`: the (action, key) pairs and the whole answer.
 fn diff(store: &str, ip: &str, point: &[&str]) -> (Vec<(String, String)>, Value) {
-    let endpoints = format!("http://{ip}:2379");
-    let mut args = vec![
-        "diff",
-        "--store",
-        store,
-        "--prefix",
-        PREFIX,
-        "--endpoints",
-        &endpoints,
-        "--json",
-    ];
+    let client = pki::warden_flags(ip);
+    let mut args = vec!["diff", "--store", store, "--prefix", PREFIX, "--json"];
+    args.extend(client.iter().map(String::as_str));
     args.extend_from_slice(point);
     let out = warden(&args, &[]).output().unwrap();
     assert!(
@@ -188,9 +180,7 @@ fn diff_lists_exactly_the_changed_keys_and_undo_puts_the_prefix_back_as_new_revi
     let watch_ip = ip.clone();
     let watcher = std::thread::spawn(move || {
         rt().block_on(async move {
-            let mut c = etcd_client::Client::connect([format!("http://{watch_ip}:2379")], None)
-                .await
-                .unwrap();
+            let mut c = pki::connect(&watch_ip, None).await.unwrap();
             let opts = etcd_client::WatchOptions::new()
                 .with_prefix()
                 .with_start_revision(before + 1);
@@ -221,20 +211,21 @@ fn diff_lists_exactly_the_changed_keys_and_undo_puts_the_prefix_back_as_new_revi
     });
 
     // The undo, with a client writing `d` while it pauses between its read and its writes.
-    let endpoints = format!("http://{ip}:2379");
+    let point_arg = point.to_string();
+    let client = pki::warden_flags(&ip);
+    let mut undo_args = vec![
+        "undo",
+        "--store",
+        &store,
+        "--to-revision",
+        &point_arg,
+        "--prefix",
+        PREFIX,
+        "--json",
+    ];
+    undo_args.extend(client.iter().map(String::as_str));
     let mut undo = warden(
-        &[
-            "undo",
-            "--store",
-            &store,
-            "--to-revision",
-            &point.to_string(),
-            "--prefix",
-            PREFIX,
-            "--endpoints",
-            &endpoints,
-            "--json",
-        ],
+        &undo_args,
         &[
             ("ETCD_WARDEN_FAILPOINT", "undo-before-write"),
             ("ETCD_WARDEN_FAILPOINT_PAUSE", "2"),

@@ -10,36 +10,53 @@ use super::*;
 /// How long a member (etcd and its warden) may take to come up.
 pub const START: Duration = Duration::from_secs(60);
 
-/// etcd's command line for member `i` of the cluster on `ips` (bootstrapped with `token`).
+/// etcd's command line for member `i` of the cluster on `ips` (bootstrapped with `token`): TLS
+/// for clients and peers with client certificates, one CA for every member (see `pki`).
 pub fn member_args_token(etcd: &Path, ips: &[String], i: usize, data: &Path, token: &str) -> Vec<String> {
+    member_args_as(etcd, ips, i, data, token, true)
+}
+
+/// The same on plain http, for a test whose subject depends on etcd's own bootstrap timing,
+/// which TLS handshakes change (the rolling upgrade's WAL history).
+pub fn member_args_http(etcd: &Path, ips: &[String], i: usize, data: &Path, token: &str) -> Vec<String> {
+    member_args_as(etcd, ips, i, data, token, false)
+}
+
+fn member_args_as(etcd: &Path, ips: &[String], i: usize, data: &Path, token: &str, tls: bool) -> Vec<String> {
+    let scheme = if tls { "https" } else { "http" };
     let cluster = ips
         .iter()
         .enumerate()
-        .map(|(j, ip)| format!("m{j}=http://{ip}:2380"))
+        .map(|(j, ip)| format!("m{j}={scheme}://{ip}:2380"))
         .collect::<Vec<_>>()
         .join(",");
     let ip = &ips[i];
-    vec![
+    let mut args: Vec<String> = vec![
         etcd.display().to_string(),
         "--name".into(),
         format!("m{i}"),
         "--data-dir".into(),
         data.display().to_string(),
         "--listen-client-urls".into(),
-        format!("http://{ip}:2379"),
+        format!("{scheme}://{ip}:2379"),
         "--advertise-client-urls".into(),
-        format!("http://{ip}:2379"),
+        format!("{scheme}://{ip}:2379"),
         "--listen-peer-urls".into(),
-        format!("http://{ip}:2380"),
+        format!("{scheme}://{ip}:2380"),
         "--initial-advertise-peer-urls".into(),
-        format!("http://{ip}:2380"),
+        format!("{scheme}://{ip}:2380"),
         "--initial-cluster".into(),
         cluster,
         "--initial-cluster-token".into(),
         token.into(),
         "--initial-cluster-state".into(),
         "new".into(),
-    ]
+    ];
+    if tls {
+        let pki = super::pki::make(ip, data.parent().expect("the data dir has a parent"));
+        args.extend(super::pki::etcd_flags(ip, &pki));
+    }
+    args
 }
 
 /// A warden (and its etcd) for each member of the cluster on `ips`, all on `store`, each ready.
@@ -63,9 +80,33 @@ pub fn start_members_with(
     token: &str,
     extra: &[&str],
 ) -> Vec<Option<Warden>> {
+    start_members_as(etcd, dir, store, ips, (name, token), extra, true)
+}
+
+/// `start_members` on plain http (see `member_args_http`).
+pub fn start_members_http(
+    etcd: &Path,
+    dir: &Path,
+    store: &str,
+    ips: &[String],
+    name: &str,
+    token: &str,
+) -> Vec<Option<Warden>> {
+    start_members_as(etcd, dir, store, ips, (name, token), &[], false)
+}
+
+fn start_members_as(
+    etcd: &Path,
+    dir: &Path,
+    store: &str,
+    ips: &[String],
+    (name, token): (&str, &str),
+    extra: &[&str],
+    tls: bool,
+) -> Vec<Option<Warden>> {
     let wardens: Vec<Option<Warden>> = (0..ips.len())
         .map(|i| {
-            let argv = member_args_token(etcd, ips, i, &dir.join(format!("{name}{i}")), token);
+            let argv = member_args_as(etcd, ips, i, &dir.join(format!("{name}{i}")), token, tls);
             let mut opts = vec!["--store", store, "--delta-snapshot-period", "200ms"];
             opts.extend_from_slice(extra);
             Some(Warden::start(&ips[i], &opts, &argv))
@@ -111,9 +152,7 @@ pub fn writer(ip: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<
             let mut n = 0u64;
             while !stop.load(Ordering::SeqCst) {
                 if client.is_none() {
-                    client = etcd_client::Client::connect([format!("http://{ip}:2379")], Some(opts.clone()))
-                        .await
-                        .ok();
+                    client = super::pki::connect(&ip, Some(opts.clone())).await.ok();
                 }
                 let k = format!("k{n:06}");
                 let ok = match client.as_mut() {

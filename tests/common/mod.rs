@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod dns;
+pub mod pki;
 pub mod prod;
 pub mod stores;
 
@@ -163,8 +164,32 @@ pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-/// Command-line flags for a single-member etcd on `ip` with default ports.
+/// Command-line flags for a single-member etcd on `ip` with default ports, as operators run it:
+/// TLS for clients and peers with client certificates (made beside `data_dir`, see `pki`).
 pub fn etcd_args(ip: &str, data_dir: &Path) -> Vec<String> {
+    let pki = pki::make(ip, data_dir.parent().expect("the data dir has a parent"));
+    let mut args: Vec<String> = vec![
+        "--name".into(),
+        "m1".into(),
+        "--data-dir".into(),
+        data_dir.display().to_string(),
+        "--listen-client-urls".into(),
+        format!("https://{ip}:2379"),
+        "--advertise-client-urls".into(),
+        format!("https://{ip}:2379"),
+        "--listen-peer-urls".into(),
+        format!("https://{ip}:2380"),
+        "--initial-advertise-peer-urls".into(),
+        format!("https://{ip}:2380"),
+        "--initial-cluster".into(),
+        format!("m1=https://{ip}:2380"),
+    ];
+    args.extend(pki::etcd_flags(ip, &pki));
+    args
+}
+
+/// The same on plain http, for the few tests about etcd's own http configuration.
+pub fn etcd_args_http(ip: &str, data_dir: &Path) -> Vec<String> {
     vec![
         "--name".into(),
         "m1".into(),
@@ -235,12 +260,26 @@ impl Warden {
             }
             None => Command::new(WARDEN),
         };
-        cmd.arg(command)
-            .arg("--listen")
-            .arg(&http)
-            .args(opts)
-            .arg("--")
-            .args(etcd);
+        cmd.arg(command).arg("--listen").arg(&http).args(opts);
+        // A TLS cluster's wardens reach their peers through the members' client URLs, as
+        // docs/cluster.md configures them: the harness's members serve clients on port 2379 of
+        // their peer address.
+        if !opts.contains(&"--cluster-endpoints")
+            && let Some(cluster) = etcd
+                .iter()
+                .position(|a| a == "--initial-cluster")
+                .and_then(|i| etcd.get(i + 1))
+            && cluster.contains("https://")
+            && cluster.contains(',')
+        {
+            let endpoints: Vec<String> = cluster
+                .split(',')
+                .filter_map(|m| m.split_once("=https://")?.1.split_once(':'))
+                .map(|(host, _)| format!("https://{host}:2379"))
+                .collect();
+            cmd.arg("--cluster-endpoints").arg(endpoints.join(","));
+        }
+        cmd.arg("--").args(etcd);
         let log = dir.path().join("warden.log");
         let direct = wrapper.is_empty();
         WardenBuilder {
@@ -457,11 +496,17 @@ pub fn ctl(socket: &Path, args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// `etcdctl` (API v3) against `ip`.
+/// `etcdctl` (API v3) against `ip`, over TLS with a client certificate when the harness made the
+/// member's certificates.
 pub fn etcdctl(etcdctl: &Path, ip: &str, args: &[&str]) -> Result<String, String> {
+    let tls = match pki::of(ip) {
+        Some(_) => pki::client_flags(ip),
+        None => Vec::new(),
+    };
     let out = Command::new(etcdctl)
         .env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints=http://{ip}:2379"))
+        .arg(format!("--endpoints={}", pki::client_url(ip)))
+        .args(tls)
         .arg("--command-timeout=5s")
         .args(args)
         .output()
@@ -607,9 +652,9 @@ pub fn restore_command_bumped(
             "--name",
             "m1",
             "--initial-cluster",
-            &format!("m1=http://{ip}:2380"),
+            &format!("m1=https://{ip}:2380"),
         ])
-        .args(["--initial-advertise-peer-urls", &format!("http://{ip}:2380")])
+        .args(["--initial-advertise-peer-urls", &format!("https://{ip}:2380")])
         .arg("--etcd")
         .arg(etcd)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
@@ -630,24 +675,33 @@ impl PlainEtcd {
 
     /// `start`, its health asked with `login` (e.g. `--user=root:…` when the data has auth on).
     pub fn start_as(etcd: &Path, ip: &str, data_dir: &Path, name: &str, login: &[&str]) -> Self {
+        Self::start_with(etcd, ip, data_dir, name, login, etcd_args(ip, data_dir))
+    }
+
+    /// `start` on plain http, for the tests about a command line that says http.
+    pub fn start_http(etcd: &Path, ip: &str, data_dir: &Path, name: &str) -> Self {
+        Self::start_with(etcd, ip, data_dir, name, &[], etcd_args_http(ip, data_dir))
+    }
+
+    fn start_with(
+        etcd: &Path,
+        ip: &str,
+        data_dir: &Path,
+        name: &str,
+        login: &[&str],
+        mut args: Vec<String>,
+    ) -> Self {
         let log = std::fs::File::create(data_dir.with_extension("log")).unwrap();
+        args[1] = name.to_owned();
+        let cluster = args.iter().position(|a| a == "--initial-cluster").unwrap() + 1;
+        let peer = args
+            .iter()
+            .position(|a| a == "--initial-advertise-peer-urls")
+            .unwrap()
+            + 1;
+        args[cluster] = format!("{name}={}", args[peer]);
         let child = dies_with_test(&mut Command::new(etcd))
-            .args([
-                "--name",
-                name,
-                "--data-dir",
-                &data_dir.display().to_string(),
-                "--listen-client-urls",
-                &format!("http://{ip}:2379"),
-                "--advertise-client-urls",
-                &format!("http://{ip}:2379"),
-                "--listen-peer-urls",
-                &format!("http://{ip}:2380"),
-                "--initial-advertise-peer-urls",
-                &format!("http://{ip}:2380"),
-                "--initial-cluster",
-                &format!("{name}=http://{ip}:2380"),
-            ])
+            .args(args)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
@@ -776,15 +830,12 @@ pub fn acked_writer(
             let opts = etcd_client::ConnectOptions::new()
                 .with_timeout(Duration::from_secs(2))
                 .with_connect_timeout(Duration::from_secs(2));
-            let endpoint = format!("http://{ip}:2379");
             let mut client = None;
             let mut acked = Vec::new();
             let mut n = 0u64;
             while !stop.load(Ordering::SeqCst) {
                 if client.is_none() {
-                    client = etcd_client::Client::connect([endpoint.as_str()], Some(opts.clone()))
-                        .await
-                        .ok();
+                    client = pki::connect(&ip, Some(opts.clone())).await.ok();
                 }
                 let k = format!("k{n:06}");
                 let result = match client.as_mut() {
