@@ -54,11 +54,13 @@ pub(crate) fn keys(
     to: Option<&String>,
     to_file: Option<&PathBuf>,
     identity: Option<&Path>,
+    allow_unencrypted: &[String],
 ) -> Result<Keys, i32> {
     crate::config::keys(
         to.map(std::slice::from_ref).unwrap_or_default(),
         to_file.map(std::slice::from_ref).unwrap_or_default(),
         identity,
+        allow_unencrypted,
     )
     .map_err(|e| {
         eprintln!("etcd-warden: {e}");
@@ -239,7 +241,7 @@ pub async fn downgrade(args: crate::config::DowngradeArgs) -> i32 {
 }
 
 pub async fn snapshot(args: SnapshotArgs) -> i32 {
-    let keys = match keys(args.encrypt_to.as_ref(), args.encrypt_to_file.as_ref(), None) {
+    let keys = match keys(args.encrypt_to.as_ref(), args.encrypt_to_file.as_ref(), None, &[]) {
         Ok(k) => k,
         Err(code) => return code,
     };
@@ -298,9 +300,10 @@ pub async fn backups(cmd: BackupsCommand) -> i32 {
             store,
             json,
             identity,
+            allow_unencrypted,
             kube_encryption_config,
             ..
-        } => match keys(None, None, identity.as_deref()) {
+        } => match keys(None, None, identity.as_deref(), &allow_unencrypted) {
             Ok(k) => {
                 let code = verify_cmd(&store, json, k.clone()).await;
                 match kube_encryption_config {
@@ -711,7 +714,7 @@ pub(crate) fn target_of(
 
 /// `cluster restore`: writes the plan every member's warden restores by.
 pub async fn cluster_restore(args: crate::config::ClusterRestoreArgs) -> i32 {
-    let keys = match keys(None, None, args.identity.as_deref()) {
+    let keys = match keys(None, None, args.identity.as_deref(), &args.allow_unencrypted) {
         Ok(k) => k,
         Err(code) => return code,
     };
@@ -799,7 +802,7 @@ pub async fn restore(
     mut signals: tokio::sync::mpsc::UnboundedReceiver<crate::signals::SignalEvent>,
 ) -> i32 {
     use crate::restore::{RestoreOptions, Target};
-    let keys = match keys(None, None, args.identity.as_deref()) {
+    let keys = match keys(None, None, args.identity.as_deref(), &args.allow_unencrypted) {
         Ok(k) => k,
         Err(code) => return code,
     };
@@ -948,11 +951,11 @@ pub async fn restore(
 pub async fn verify_deep(
     store_url: String,
     etcd: String,
-    identity: Option<PathBuf>,
+    (identity, allow_unencrypted): (Option<PathBuf>, Vec<String>),
     kube_encryption_config: Option<PathBuf>,
     reaper: crate::pid1::Reaper,
 ) -> i32 {
-    let keys = match keys(None, None, identity.as_deref()) {
+    let keys = match keys(None, None, identity.as_deref(), &allow_unencrypted) {
         Ok(k) => k,
         Err(code) => return code,
     };

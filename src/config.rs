@@ -116,6 +116,15 @@ pub struct PointArgs {
         value_name = "FILE"
     )]
     pub identity: Option<PathBuf>,
+    /// With --identity-file every backup read must be encrypted: an unencrypted object (or one of
+    /// etcd-backup-restore's) is refused unless its key is named here (comma-separated)
+    #[arg(
+        long,
+        env = "ETCD_WARDEN_ALLOW_UNENCRYPTED",
+        value_name = "KEYS",
+        value_delimiter = ','
+    )]
+    pub allow_unencrypted: Vec<String>,
     /// Where the full snapshot is read through (a scratch file as large as the database, removed
     /// after) [default: the system's temporary directory]
     #[arg(long, value_name = "DIR")]
@@ -240,6 +249,15 @@ pub struct ClusterRestoreArgs {
         value_name = "FILE"
     )]
     pub identity: Option<PathBuf>,
+    /// With --identity-file every backup read must be encrypted: an unencrypted object (or one of
+    /// etcd-backup-restore's) is refused unless its key is named here (comma-separated)
+    #[arg(
+        long,
+        env = "ETCD_WARDEN_ALLOW_UNENCRYPTED",
+        value_name = "KEYS",
+        value_delimiter = ','
+    )]
+    pub allow_unencrypted: Vec<String>,
     /// Roll a cluster back after an etcd upgrade: every member restores the newest rollback point of
     /// data written by this etcd release (3.5, or 3.5.30 exactly); start the members with that
     /// release's binary. With --force when the members' data is sound
@@ -341,6 +359,15 @@ pub struct RestoreArgs {
         value_name = "FILE"
     )]
     pub identity: Option<PathBuf>,
+    /// With --identity-file every backup read must be encrypted: an unencrypted object (or one of
+    /// etcd-backup-restore's) is refused unless its key is named here (comma-separated)
+    #[arg(
+        long,
+        env = "ETCD_WARDEN_ALLOW_UNENCRYPTED",
+        value_name = "KEYS",
+        value_delimiter = ','
+    )]
+    pub allow_unencrypted: Vec<String>,
     /// Raise the restored revision by N and mark every revision up to it compacted (etcdutl's
     /// --bump-revision N --mark-compacted), as the automatic restore of `run` does: clients that
     /// saw newer revisions are never handed those numbers again, and watchers from before are told
@@ -434,6 +461,15 @@ pub enum BackupsCommand {
             value_name = "FILE"
         )]
         identity: Option<PathBuf>,
+        /// With --identity-file every backup read must be encrypted: an unencrypted object (or one
+        /// of etcd-backup-restore's) is reported unless its key is named here (comma-separated)
+        #[arg(
+            long,
+            env = "ETCD_WARDEN_ALLOW_UNENCRYPTED",
+            value_name = "KEYS",
+            value_delimiter = ','
+        )]
+        allow_unencrypted: Vec<String>,
         /// kube-apiserver's EncryptionConfiguration: also read every full snapshot and say which
         /// keys its encrypted values (Secrets encrypted at rest) need, and whether this file holds
         /// them all (exit 1 when not).
@@ -582,6 +618,15 @@ pub struct RunOptions {
     /// age identity file for restoring encrypted backups at start and in drills (not needed to write them)
     #[arg(long, env = "ETCD_WARDEN_IDENTITY_FILE", value_name = "FILE")]
     pub identity_file: Option<PathBuf>,
+    /// With --identity-file every backup restored must be encrypted: an unencrypted object (or one of
+    /// etcd-backup-restore's) is refused unless its key is named here (comma-separated) [default: none]
+    #[arg(
+        long,
+        env = "ETCD_WARDEN_ALLOW_UNENCRYPTED",
+        value_name = "KEYS",
+        value_delimiter = ','
+    )]
+    pub allow_unencrypted: Option<Vec<String>>,
     /// TTL of a lease that a restored etcd-backup-restore delta names (GBR records no TTL) [default: 1h]
     #[arg(long, env = "ETCD_WARDEN_GBR_LEASE_TTL", value_name = "DURATION")]
     pub gbr_lease_ttl: Option<String>,
@@ -780,6 +825,7 @@ impl RunOptions {
             encrypt_to: self.encrypt_to.or(file.encrypt_to),
             encrypt_to_file: self.encrypt_to_file.or(file.encrypt_to_file),
             identity_file: self.identity_file.or(file.identity_file),
+            allow_unencrypted: self.allow_unencrypted.or(file.allow_unencrypted),
             gbr_lease_ttl: self.gbr_lease_ttl.or(file.gbr_lease_ttl),
             admin_socket: self.admin_socket.or(file.admin_socket),
             allow_unsupported_upgrade: self.allow_unsupported_upgrade || file.allow_unsupported_upgrade,
@@ -979,6 +1025,7 @@ impl RunConfig {
             o.encrypt_to.as_slice(),
             o.encrypt_to_file.as_slice(),
             o.identity_file.as_deref(),
+            o.allow_unencrypted.as_deref().unwrap_or_default(),
         )?;
         let defrag_schedule = match &o.defrag_schedule {
             Some(v) => Some(
@@ -1281,6 +1328,7 @@ pub fn keys(
     to: &[String],
     to_files: &[PathBuf],
     identity: Option<&Path>,
+    allow_unencrypted: &[String],
 ) -> Result<crate::snapshot::crypt::Keys, ConfigError> {
     use crate::snapshot::crypt;
     // The reason names its source: `--encrypt-to: …`, or the file of --encrypt-to-file.
@@ -1311,6 +1359,7 @@ pub fn keys(
     Ok(crypt::Keys {
         recipients: std::sync::Arc::new(recipients),
         identities: std::sync::Arc::new(identities),
+        allow_unencrypted: std::sync::Arc::new(allow_unencrypted.to_vec()),
     })
 }
 

@@ -13,6 +13,31 @@ use common::*;
 
 const START: Duration = Duration::from_secs(60);
 
+/// An object framed as docs/FORMAT.md describes, around `header`, `payload` and `footer`: what
+/// anyone who can write to the bucket can make (the digest is over what they wrote).
+fn framed(header: &serde_json::Value, payload: &[u8], footer: &serde_json::Value) -> Vec<u8> {
+    use sha2::Digest;
+    let header = serde_json::to_vec(header).unwrap();
+    let footer = serde_json::to_vec(footer).unwrap();
+    let mut out = b"EWARDEN1".to_vec();
+    out.extend_from_slice(&(header.len() as u32).to_le_bytes());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(payload);
+    out.extend_from_slice(&footer);
+    out.extend_from_slice(&(footer.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&sha2::Sha256::digest(payload));
+    out.extend_from_slice(b"EWEND001");
+    out
+}
+
+/// The header of the object at `path`, as JSON.
+fn header_of(path: &std::path::Path) -> serde_json::Value {
+    let bytes = std::fs::read(path).unwrap();
+    let len = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+    serde_json::from_slice(&bytes[12..12 + len]).unwrap()
+}
+
 /// A 0-byte object whose name carries a multi-byte character where a digit belongs: the name
 /// parser sliced it by byte index and aborted every command that lists the store (a running
 /// `run` with its etcd, and every restart before etcd starts). Now it is no snapshot, and said so.
@@ -356,20 +381,12 @@ fn a_compression_bomb_is_stopped_at_its_claim_and_the_restore_falls_back() {
         .next()
         .unwrap()
         .path();
-    let bytes = std::fs::read(&genuine).unwrap();
-    let head_len = 12 + u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+    // Its header says what its name says: it is read as far as its payload.
+    let mut header = header_of(&genuine);
+    header["revision"] = (rev + 1000).into();
+    header["created"] = "2099-12-31T00:00:00.000Z".into();
     let payload = zstd::encode_all(std::io::repeat(0).take(256 << 20), 19).unwrap();
-    let footer = br#"{"raw_bytes":20480}"#;
-    let mut bomb = bytes[..head_len].to_vec();
-    bomb.extend_from_slice(&payload);
-    bomb.extend_from_slice(footer);
-    bomb.extend_from_slice(&(footer.len() as u32).to_le_bytes());
-    bomb.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-    {
-        use sha2::Digest;
-        bomb.extend_from_slice(&sha2::Sha256::digest(&payload));
-    }
-    bomb.extend_from_slice(b"EWEND001");
+    let bomb = framed(&header, &payload, &serde_json::json!({"raw_bytes": 20480}));
     let bomb_name = format!("full-{:020}-20991231T000000000Z-zstd-plain.ews", rev + 1000);
     std::fs::write(fulls.join(&bomb_name), &bomb).unwrap();
     assert!(bomb.len() < 1 << 20, "the bomb is small: {} bytes", bomb.len());
@@ -407,4 +424,185 @@ fn a_compression_bomb_is_stopped_at_its_claim_and_the_restore_falls_back() {
         !said.contains("No space left"),
         "the bomb filled the file system:\n{said}"
     );
+}
+
+/// With encryption on, whoever can write to the bucket (and knows the public recipient) planted
+/// what a review planted: a genuine old encrypted full copied to a newer name, a key that claims
+/// age over a plain header, and an unencrypted delta that extends the newest chain with a forged
+/// write. `backups verify --identity-file` names each; a restore of an empty data dir refuses them
+/// all and restores the genuine newest chain, as etcd held it; the operator can accept an
+/// unencrypted object by name.
+#[test]
+fn forged_and_renamed_objects_in_an_encrypted_store_are_refused() {
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = default_etcd();
+    let ctl = etcdctl_for(&etcd);
+    let key = dir.path().join("key.txt");
+    let out = Command::new("age-keygen").arg("-o").arg(&key).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("age-keygen").arg("-y").arg(&key).output().unwrap();
+    let recipient = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let (w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &["--encrypt-to", &recipient]);
+    etcdctl(&ctl, &ip, &["put", "old", "1"]).unwrap();
+    let fulls = w.status()["backup"]["fulls_total"].as_u64().unwrap();
+    w.signal(nix::sys::signal::Signal::SIGUSR1);
+    wait_for("a second full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() > Some(fulls)).then_some(())
+    });
+    for i in 0..5 {
+        etcdctl(&ctl, &ip, &["put", &format!("new{i}"), "v"]).unwrap();
+    }
+    let rev = etcd_revision(&ctl, &ip);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
+    });
+    kill_node(w, START);
+
+    let listed = backups_list(&store, &[]);
+    let oldest_full = listed
+        .iter()
+        .filter(|o| o["kind"] == "full")
+        .min_by_key(|o| o["first"].as_i64())
+        .unwrap()["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let newest_delta = listed
+        .iter()
+        .filter(|o| o["kind"] == "delta")
+        .max_by_key(|o| o["last"].as_i64())
+        .unwrap()
+        .clone();
+    let root = dir.path().join("store");
+    // `backups list` names objects by their keys, relative to the store's root.
+    let store_path = |k: &str| root.join(k);
+    // 1. The genuine old full under a newer name.
+    let renamed = format!("full-{:020}-20991231T000000000Z-zstd-age.ews", rev + 100);
+    std::fs::copy(store_path(&oldest_full), root.join("v1/full").join(&renamed)).unwrap();
+    // 2. A key that claims age over an object whose header (genuinely) says plain.
+    let mut plain_header = header_of(&store_path(&oldest_full));
+    plain_header["revision"] = (rev + 200).into();
+    plain_header["created"] = "2099-12-31T00:00:01.000Z".into();
+    plain_header["encryption"] = "plain".into();
+    let claimed_age = format!("full-{:020}-20991231T000000001Z-zstd-age.ews", rev + 200);
+    std::fs::write(
+        root.join("v1/full").join(&claimed_age),
+        framed(&plain_header, b"", &serde_json::json!({"raw_bytes": 0})),
+    )
+    .unwrap();
+    // 3. An unencrypted delta after the newest, whose header agrees with its name.
+    let delta_key = newest_delta["key"].as_str().unwrap();
+    let mut header = header_of(&store_path(delta_key));
+    let (first, last) = (rev + 1, rev + 1);
+    header["first"] = first.into();
+    header["last"] = last.into();
+    header["created"] = "2099-12-31T00:00:02.000Z".into();
+    header["compression"] = "none".into();
+    header["encryption"] = "plain".into();
+    let mut payload = Vec::new();
+    etcd_warden::snapshot::delta_codec::encode_revision(
+        &etcd_warden::snapshot::delta_codec::Revision {
+            revision: first,
+            events: vec![etcd_warden::snapshot::delta_codec::Event {
+                kind: etcd_warden::snapshot::delta_codec::EventType::Put,
+                key: b"forged".to_vec(),
+                value: b"evil".to_vec(),
+                lease: 0,
+                create_revision: first,
+                version: 1,
+            }],
+        },
+        &mut payload,
+    );
+    let forged_name = format!("delta-{first:020}-{last:020}-20991231T000000002Z-none-plain.ews");
+    let chain_dir = store_path(delta_key).parent().unwrap().to_owned();
+    std::fs::write(
+        chain_dir.join(&forged_name),
+        framed(
+            &header,
+            &payload,
+            &serde_json::json!({"raw_bytes": payload.len(), "revisions": 1, "events": 1}),
+        ),
+    )
+    .unwrap();
+
+    let key_s = key.display().to_string();
+    let verify = |allow: &[&str]| {
+        let out = Command::new(WARDEN)
+            .args(["backups", "verify", "--store", &store, "--identity-file", &key_s])
+            .args(allow)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (code, said) = verify(&[]);
+    assert_ne!(code, Some(0), "verify passed a planted object:\n{said}");
+    for (planted, why) in [
+        (&renamed, "disagrees with its name"),
+        (&claimed_age, "disagrees with its name"),
+        (&forged_name, "is not encrypted"),
+    ] {
+        assert!(
+            said.lines()
+                .any(|l| l.contains(planted.as_str()) && l.contains(why)),
+            "verify does not report {planted} ({why}):\n{said}"
+        );
+    }
+    let forged_key = format!("{}/{forged_name}", delta_key.rsplit_once('/').unwrap().0);
+    let allow = format!("--allow-unencrypted={forged_key}");
+    let (_, said) = verify(&[&allow]);
+    assert!(
+        !said
+            .lines()
+            .any(|l| l.contains(&forged_name) && l.contains("is not encrypted")),
+        "an unencrypted object named in --allow-unencrypted is still refused:\n{said}"
+    );
+
+    // A restore of an empty data dir: the genuine newest chain, not the renamed old full, and
+    // not the forged write.
+    let restored = dir.path().join("restored");
+    let ip2 = unique_ip();
+    let out = restore_command(&store, &restored, &etcd, &ip2, &[])
+        .args(["--identity-file", &key_s])
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        restored.join("member/snap/db").exists(),
+        "nothing restored:\n{said}"
+    );
+    assert!(
+        said.contains(&renamed),
+        "the restore does not say why it skipped {renamed}:\n{said}"
+    );
+    let plain = PlainEtcd::start(&etcd, &ip2, &restored, "m1");
+    assert_eq!(
+        etcd_revision(&ctl, &ip2),
+        rev,
+        "the restore is not the genuine newest chain:\n{said}"
+    );
+    assert_eq!(
+        etcdctl(&ctl, &ip2, &["get", "forged"]).unwrap(),
+        "",
+        "the forged write was restored"
+    );
+    assert!(
+        etcdctl(&ctl, &ip2, &["get", "new4", "--print-value-only"])
+            .unwrap()
+            .contains('v'),
+        "the genuine newest write is missing"
+    );
+    plain.stop();
 }

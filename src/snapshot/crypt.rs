@@ -22,6 +22,9 @@ use age::x25519::{Identity, Recipient};
 pub struct Keys {
     pub recipients: Arc<Vec<Recipient>>,
     pub identities: Arc<Vec<Identity>>,
+    /// Keys of unencrypted objects (or etcd-backup-restore's) the operator accepts although the
+    /// store is read with an identity (`--allow-unencrypted`).
+    pub allow_unencrypted: Arc<Vec<String>>,
 }
 
 impl std::fmt::Debug for Keys {
@@ -36,6 +39,20 @@ impl std::fmt::Debug for Keys {
 impl Keys {
     pub fn encrypts(&self) -> bool {
         !self.recipients.is_empty()
+    }
+
+    /// Whether an object that is not age-encrypted (`key`) may be read: with an identity, the
+    /// store is read as an encrypted one, and anyone who can write to the bucket can add an
+    /// unencrypted object, so only those the operator named are accepted.
+    pub fn unencrypted_allowed(&self, key: &str) -> Result<(), String> {
+        if self.identities.is_empty() || self.allow_unencrypted.iter().any(|k| k.trim() == key) {
+            return Ok(());
+        }
+        Err(format!(
+            "{key} is not encrypted, and the store is read with --identity-file: refused (anyone who \
+             can write to the bucket can add an unencrypted object); name it in --allow-unencrypted \
+             to accept it"
+        ))
     }
 }
 

@@ -105,6 +105,12 @@ pub async fn read_verified<F>(store: &Store, name: &SnapshotName, on_raw: F) -> 
 where
     F: FnMut(&[u8]) -> Result<(), String>,
 {
+    if name.encryption != Encryption::Age || matches!(name.layout, Layout::Gbr(_)) {
+        store
+            .keys
+            .unencrypted_allowed(&name.key())
+            .map_err(ObjectError::Corrupt)?;
+    }
     if let Layout::Gbr(g) = &name.layout {
         return crate::gbr::read::read_verified(store, name, g, on_raw).await;
     }
@@ -349,6 +355,12 @@ pub async fn read_full_to_file(
     path: &std::path::Path,
     progress: &crate::telemetry::Progress,
 ) -> Result<Verified, ObjectError> {
+    if name.encryption != Encryption::Age || matches!(name.layout, Layout::Gbr(_)) {
+        store
+            .keys
+            .unencrypted_allowed(&name.key())
+            .map_err(ObjectError::Corrupt)?;
+    }
     if let Layout::Gbr(g) = &name.layout {
         return crate::gbr::read::read_full_to_file(store, name, g, path, progress).await;
     }

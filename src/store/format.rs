@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use thiserror::Error;
 use tokio::io::AsyncWriteExt;
 
-use super::layout::{Compression, Encryption};
+use super::layout::{Compression, Encryption, Kind, Layout, SnapshotName};
 
 pub const MAGIC: &[u8; 8] = b"EWARDEN1";
 pub const END_MAGIC: &[u8; 8] = b"EWEND001";
@@ -248,6 +248,76 @@ async fn read_tail(store: &dyn ObjectStore, key: &str) -> Result<Tail, FormatErr
     })
 }
 
+/// Whether `header` says what the object's key says: kind, revisions, chain, creation time,
+/// compression, encryption and the final mark. The payload is decoded by the header, and readers
+/// order and chain objects by their keys: a header that disagrees with its key (an object copied
+/// to another name, a name edited to claim another encoding) makes the object corrupt. Keys of
+/// other layouts, and keys that do not parse, are not this format's to check.
+pub fn header_agrees(header: &Header, key: &str) -> Result<(), String> {
+    let Ok(name) = SnapshotName::parse(key) else {
+        return Ok(());
+    };
+    if matches!(name.layout, Layout::Gbr(_)) {
+        return Ok(());
+    }
+    let ms = |t: &str| -> Option<u64> {
+        let at = humantime::parse_rfc3339(t).ok()?;
+        u64::try_from(at.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis()).ok()
+    };
+    let mut wrong = Vec::new();
+    let (kind, revisions) = match name.kind {
+        Kind::Full { revision, is_final } => {
+            if header.is_final != is_final {
+                wrong.push("the final mark");
+            }
+            ("full", header.revision == Some(revision))
+        }
+        Kind::Delta {
+            base,
+            base_created_ms,
+            first,
+            last,
+        } => {
+            let chain = match (base_created_ms, header.base_created.as_deref()) {
+                (Some(want), Some(got)) => ms(got) == Some(want),
+                // The older layout's key names no creation time; its header may.
+                (None, _) => true,
+                (Some(_), None) => false,
+            };
+            if !chain {
+                wrong.push("the chain");
+            }
+            (
+                "delta",
+                header.base == Some(base) && header.first == Some(first) && header.last == Some(last),
+            )
+        }
+    };
+    if header.kind != kind {
+        wrong.push("the kind");
+    }
+    if !revisions {
+        wrong.push("the revisions");
+    }
+    if ms(&header.created) != Some(name.created_ms) {
+        wrong.push("the creation time");
+    }
+    if header.compression != name.compression {
+        wrong.push("the compression");
+    }
+    if header.encryption != name.encryption {
+        wrong.push("the encryption");
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "its header disagrees with its name on {} (an object copied or renamed)",
+            wrong.join(", ")
+        ))
+    }
+}
+
 /// Reads only an object's header: two small range reads.
 pub async fn read_header(store: &dyn ObjectStore, key: &str) -> Result<Header, FormatError> {
     let corrupt = |reason: String| FormatError::Corrupt {
@@ -265,7 +335,10 @@ pub async fn read_header(store: &dyn ObjectStore, key: &str) -> Result<Header, F
     }
     let len = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as u64;
     let bytes = store.get_range(&path, 12..12 + len).await.map_err(read_err)?;
-    serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("header is not valid JSON: {e}")))
+    let header: Header =
+        serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("header is not valid JSON: {e}")))?;
+    header_agrees(&header, key).map_err(corrupt)?;
+    Ok(header)
 }
 
 /// Reads only an object's footer (e.g. to know the raw size before streaming it).
@@ -378,6 +451,7 @@ where
             }
             let h: Header = serde_json::from_slice(&prefix[12..12 + hlen])
                 .map_err(|e| corrupt(format!("header is not valid JSON: {e}")))?;
+            header_agrees(&h, key).map_err(corrupt)?;
             let start = (12 + hlen) as u64;
             let consumed_before = pos;
             pos += data.len() as u64;
