@@ -26,7 +26,8 @@ fn header(rev: i64) -> Header {
         base_created: None,
         first: None,
         last: None,
-        created: "2026-11-29T00:00:00.000Z".into(),
+        // What the object's name says, as every reader checks.
+        created: humantime::format_rfc3339_millis(name(rev).created()).to_string(),
         compression: Compression::Zstd,
         encryption: Encryption::Plain,
         is_final: false,
