@@ -515,13 +515,48 @@ fn two_histories_sharing_a_base_revision_never_mix() {
         .next()
         .unwrap()
         .path();
-    std::fs::copy(&foreign, chain_dirs[0].join(foreign.file_name().unwrap())).unwrap();
-    let verify = Command::new(WARDEN)
-        .args(["backups", "verify", "--store", &store])
-        .output()
+    let planted = chain_dirs[0].join(foreign.file_name().unwrap());
+    std::fs::copy(&foreign, &planted).unwrap();
+    let verify = || {
+        let out = Command::new(WARDEN)
+            .args(["backups", "verify", "--store", &store])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    // As copied, its header still names history 2's full: refused for that alone.
+    let (code, text) = verify();
+    assert_ne!(code, Some(0), "{text}");
+    assert!(text.contains("disagrees with its name on the chain"), "{text}");
+    // Its header edited to name history 1's full (what a writer of history 1 would have written):
+    // the overlap itself gives it away.
+    let base_created = |p: &Path| -> String {
+        let bytes = std::fs::read(p).unwrap();
+        let len = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+        let h: serde_json::Value = serde_json::from_slice(&bytes[12..12 + len]).unwrap();
+        h["base_created"].as_str().unwrap().to_owned()
+    };
+    let own = std::fs::read_dir(&chain_dirs[0])
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| *p != planted)
         .unwrap();
-    let text = String::from_utf8_lossy(&verify.stdout);
-    assert_ne!(verify.status.code(), Some(0), "{text}");
+    let (theirs, ours) = (base_created(&planted), base_created(&own));
+    assert_eq!(theirs.len(), ours.len(), "{theirs} {ours}");
+    let bytes = std::fs::read(&planted).unwrap();
+    let at = bytes
+        .windows(theirs.len())
+        .position(|w| w == theirs.as_bytes())
+        .unwrap();
+    let mut edited = bytes.clone();
+    edited[at..at + ours.len()].copy_from_slice(ours.as_bytes());
+    std::fs::write(&planted, edited).unwrap();
+    let (code, text) = verify();
+    assert_ne!(code, Some(0), "{text}");
     assert!(text.contains("two histories under one prefix"), "{text}");
 }
 
