@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::prod::openssl;
+use super::prod::{issue_member, make_ca};
 
 /// The members' `pki/etcd` directories by address, in this test process.
 static MADE: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
@@ -25,86 +25,13 @@ fn ca() -> PathBuf {
     let tmp = base.join(format!("test-ca.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).unwrap();
-    openssl(
-        &tmp,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-            "-subj",
-            "/CN=etcd-ca",
-            "-days",
-            "3650",
-        ],
-    );
+    make_ca(&tmp, "3650");
     // The first rename wins; a loser's directory is not empty-renamed over it.
     if std::fs::rename(&tmp, &dir).is_err() {
         let _ = std::fs::remove_dir_all(&tmp);
     }
     assert!(dir.join("ca.crt").exists(), "the test CA in {}", dir.display());
     dir
-}
-
-/// `name.crt`/`name.key` in `pki` signed by the run's CA, with `cn` and `ext` (extension lines).
-fn issue(pki: &Path, ca: &Path, name: &str, cn: &str, ext: &str) {
-    let (key, csr, crt, extfile) = (
-        format!("{name}.key"),
-        format!("{name}.csr"),
-        format!("{name}.crt"),
-        format!("{name}.ext"),
-    );
-    let subj = format!("/CN={cn}");
-    openssl(
-        pki,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            &subj,
-        ],
-    );
-    std::fs::write(pki.join(&extfile), ext).unwrap();
-    let (ca_crt, ca_key) = (
-        ca.join("ca.crt").display().to_string(),
-        ca.join("ca.key").display().to_string(),
-    );
-    openssl(
-        pki,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            &ca_crt,
-            "-CAkey",
-            &ca_key,
-            "-set_serial",
-            &format!("{}", fastrand::u64(1..u64::MAX >> 1)),
-            "-out",
-            &crt,
-            "-days",
-            "3650",
-            "-extfile",
-            &extfile,
-        ],
-    );
 }
 
 /// The `pki/etcd` directory of the member on `ip`, made under `beside` the first time.
@@ -118,19 +45,7 @@ pub fn make(ip: &str, beside: &Path) -> PathBuf {
     let pki = beside.join(format!("pki-{ip}/pki/etcd"));
     std::fs::create_dir_all(&pki).unwrap();
     std::fs::copy(ca.join("ca.crt"), pki.join("ca.crt")).unwrap();
-    // As kubeadm: server and peer certificates for localhost, the loopback and the member's
-    // address, usable both ways; a client certificate for health checks and the tests' clients.
-    let san = format!("subjectAltName=DNS:localhost,IP:127.0.0.1,IP:{ip},IP:::1\n");
-    let both = "extendedKeyUsage=serverAuth,clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n";
-    issue(&pki, &ca, "server", "etcd-server", &format!("{san}{both}"));
-    issue(&pki, &ca, "peer", "etcd-peer", &format!("{san}{both}"));
-    issue(
-        &pki,
-        &ca,
-        "healthcheck-client",
-        "kube-etcd-healthcheck-client",
-        "extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n",
-    );
+    issue_member(&pki, &ca, ip);
     made.insert(ip.to_owned(), pki.clone());
     pki
 }

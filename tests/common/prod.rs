@@ -31,12 +31,39 @@ pub fn openssl(dir: &Path, args: &[&str]) {
     );
 }
 
-/// `name.crt`/`name.key` signed by `ca.crt` in `dir`, with `cn` and `ext` (an openssl extension
-/// section's lines).
-fn issue(dir: &Path, name: &str, cn: &str, ext: &str) {
-    let key = format!("{name}.key");
-    let csr = format!("{name}.csr");
-    let crt = format!("{name}.crt");
+/// A self-signed CA (`ca.crt`, `ca.key`) in `dir`, valid for `days`.
+pub fn make_ca(dir: &Path, days: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-subj",
+            "/CN=etcd-ca",
+            "-days",
+            days,
+        ],
+    );
+}
+
+/// `name.crt`/`name.key` in `dir` signed by `ca/ca.crt`, with `cn` and `ext` (an openssl
+/// extension section's lines).
+fn issue(dir: &Path, ca: &Path, name: &str, cn: &str, ext: &str) {
+    let (key, csr, crt, extfile) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+        format!("{name}.ext"),
+    );
     let subj = format!("/CN={cn}");
     openssl(
         dir,
@@ -55,8 +82,13 @@ fn issue(dir: &Path, name: &str, cn: &str, ext: &str) {
             &subj,
         ],
     );
-    let extfile = format!("{name}.ext");
     std::fs::write(dir.join(&extfile), ext).unwrap();
+    let (ca_crt, ca_key) = (
+        ca.join("ca.crt").display().to_string(),
+        ca.join("ca.key").display().to_string(),
+    );
+    // A random serial: several test processes may sign with one CA at once.
+    let serial = fastrand::u64(1..u64::MAX >> 1).to_string();
     openssl(
         dir,
         &[
@@ -65,17 +97,35 @@ fn issue(dir: &Path, name: &str, cn: &str, ext: &str) {
             "-in",
             &csr,
             "-CA",
-            "ca.crt",
+            &ca_crt,
             "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
+            &ca_key,
+            "-set_serial",
+            &serial,
             "-out",
             &crt,
             "-days",
-            "2",
+            "3650",
             "-extfile",
             &extfile,
         ],
+    );
+}
+
+/// A member's certificates in `pki` signed by `ca/ca.*`, as kubeadm makes them: server and peer
+/// certificates for localhost, the loopback and the member's address `ip`, usable both ways; a
+/// client certificate for health checks.
+pub fn issue_member(pki: &Path, ca: &Path, ip: &str) {
+    let san = format!("subjectAltName=DNS:localhost,IP:127.0.0.1,IP:{ip},IP:::1\n");
+    let both = "extendedKeyUsage=serverAuth,clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n";
+    issue(pki, ca, "server", "etcd-server", &format!("{san}{both}"));
+    issue(pki, ca, "peer", "etcd-peer", &format!("{san}{both}"));
+    issue(
+        pki,
+        ca,
+        "healthcheck-client",
+        "kube-etcd-healthcheck-client",
+        "extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n",
     );
 }
 
@@ -84,26 +134,7 @@ impl Prod {
     pub fn new(ip: &str, dir: &Path) -> Self {
         let pki = dir.join("pki/etcd");
         std::fs::create_dir_all(&pki).unwrap();
-        openssl(
-            &pki,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-                "-subj",
-                "/CN=etcd-ca",
-                "-days",
-                "2",
-            ],
-        );
+        make_ca(&pki, "2");
         Self::issued(ip, dir)
     }
 
@@ -125,18 +156,7 @@ impl Prod {
     /// The member's certificates signed by `dir/pki/etcd/ca.*`, and the root password file.
     fn issued(ip: &str, dir: &Path) -> Self {
         let pki = dir.join("pki/etcd");
-        // As kubeadm: server and peer certificates for localhost, the loopback and the node's
-        // address, usable both ways; a client certificate for health checks.
-        let san = format!("subjectAltName=DNS:localhost,IP:127.0.0.1,IP:{ip},IP:::1\n");
-        let both = "extendedKeyUsage=serverAuth,clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n";
-        issue(&pki, "server", "etcd-server", &format!("{san}{both}"));
-        issue(&pki, "peer", "etcd-peer", &format!("{san}{both}"));
-        issue(
-            &pki,
-            "healthcheck-client",
-            "kube-etcd-healthcheck-client",
-            "extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n",
-        );
+        issue_member(&pki, &pki, ip);
         let password_file = dir.join("etcd-root.password");
         std::fs::write(&password_file, format!("{ROOT_PASSWORD}\n")).unwrap();
         Self {
