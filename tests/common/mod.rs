@@ -250,6 +250,7 @@ impl Warden {
         opts: &[&str],
         etcd: &[String],
     ) -> WardenBuilder {
+        remember_panics();
         let dir = tempfile::tempdir().expect("tempdir");
         let http = format!("{ip}:2378");
         let mut cmd = match wrapper.split_first() {
@@ -465,8 +466,29 @@ impl Drop for Warden {
                 self.log.display(),
                 self.log_text()
             );
+            // CI shows the start and the end of a failure's output: say the cause again after
+            // the log, where it is not cut away.
+            if let Some(m) = PANIC.lock().ok().and_then(|m| m.clone()) {
+                eprintln!("---- the test failed: ----\n{m}");
+            }
         }
     }
+}
+
+static PANIC: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Keeps the newest panic's message and place (for `Warden`'s log dump), then reports it as usual.
+fn remember_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if let Ok(mut m) = PANIC.lock() {
+                *m = Some(info.to_string());
+            }
+            default(info);
+        }));
+    });
 }
 
 /// Kills a warden and its etcd the hard way (a lost node), and waits up to `timeout` until etcd
