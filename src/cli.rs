@@ -49,18 +49,18 @@ fn open_store_for_writing(url: &str, keys: Keys) -> Result<Store, i32> {
     })
 }
 
-/// The age keys a one-shot command was given; bad ones are usage errors.
+/// The keys a one-shot command was given; bad ones are usage errors.
 pub(crate) fn keys(
     to: Option<&String>,
     to_file: Option<&PathBuf>,
-    identity: Option<&Path>,
-    allow_unencrypted: &[String],
+    read: &crate::config::ReadKeys,
+    sign_key: Option<&Path>,
 ) -> Result<Keys, i32> {
     crate::config::keys(
         to.map(std::slice::from_ref).unwrap_or_default(),
         to_file.map(std::slice::from_ref).unwrap_or_default(),
-        identity,
-        allow_unencrypted,
+        read,
+        sign_key,
     )
     .map_err(|e| {
         eprintln!("etcd-warden: {e}");
@@ -241,7 +241,12 @@ pub async fn downgrade(args: crate::config::DowngradeArgs) -> i32 {
 }
 
 pub async fn snapshot(args: SnapshotArgs) -> i32 {
-    let keys = match keys(args.encrypt_to.as_ref(), args.encrypt_to_file.as_ref(), None, &[]) {
+    let keys = match keys(
+        args.encrypt_to.as_ref(),
+        args.encrypt_to_file.as_ref(),
+        &Default::default(),
+        args.sign_key.as_deref(),
+    ) {
         Ok(k) => k,
         Err(code) => return code,
     };
@@ -299,11 +304,10 @@ pub async fn backups(cmd: BackupsCommand) -> i32 {
         BackupsCommand::Verify {
             store,
             json,
-            identity,
-            allow_unencrypted,
+            keys: read,
             kube_encryption_config,
             ..
-        } => match keys(None, None, identity.as_deref(), &allow_unencrypted) {
+        } => match keys(None, None, &read, None) {
             Ok(k) => {
                 let code = verify_cmd(&store, json, k.clone()).await;
                 match kube_encryption_config {
@@ -423,7 +427,7 @@ async fn list(url: &str, as_json: bool) -> i32 {
         let mut versions = std::collections::HashMap::new();
         for (n, _) in &fulls {
             if matches!(n.layout, crate::store::layout::Layout::Warden)
-                && let Ok(h) = crate::store::format::read_header(store.inner.as_ref(), &n.key()).await
+                && let Ok(h) = crate::store::format::read_header(store.inner.as_ref(), &n.key(), &store.keys.signing).await
                 && !h.etcd_version.is_empty()
             {
                 versions.insert(n.key(), h.etcd_version);
@@ -714,7 +718,7 @@ pub(crate) fn target_of(
 
 /// `cluster restore`: writes the plan every member's warden restores by.
 pub async fn cluster_restore(args: crate::config::ClusterRestoreArgs) -> i32 {
-    let keys = match keys(None, None, args.identity.as_deref(), &args.allow_unencrypted) {
+    let keys = match keys(None, None, &args.keys, args.sign_key.as_deref()) {
         Ok(k) => k,
         Err(code) => return code,
     };
@@ -802,7 +806,7 @@ pub async fn restore(
     mut signals: tokio::sync::mpsc::UnboundedReceiver<crate::signals::SignalEvent>,
 ) -> i32 {
     use crate::restore::{RestoreOptions, Target};
-    let keys = match keys(None, None, args.identity.as_deref(), &args.allow_unencrypted) {
+    let keys = match keys(None, None, &args.keys, None) {
         Ok(k) => k,
         Err(code) => return code,
     };
@@ -951,11 +955,11 @@ pub async fn restore(
 pub async fn verify_deep(
     store_url: String,
     etcd: String,
-    (identity, allow_unencrypted): (Option<PathBuf>, Vec<String>),
+    read: crate::config::ReadKeys,
     kube_encryption_config: Option<PathBuf>,
     reaper: crate::pid1::Reaper,
 ) -> i32 {
-    let keys = match keys(None, None, identity.as_deref(), &allow_unencrypted) {
+    let keys = match keys(None, None, &read, None) {
         Ok(k) => k,
         Err(code) => return code,
     };

@@ -89,6 +89,48 @@ pub enum Command {
 }
 
 /// The past point of `diff` and `undo`, and where it is read from.
+/// The keys a command that reads backups trusts: the age identity that decrypts them, the public
+/// keys that signed them, and the objects accepted without either.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ReadKeys {
+    /// age identity file, for backups written with --encrypt-to.
+    #[arg(
+        long = "identity-file",
+        alias = "identity",
+        env = "ETCD_WARDEN_IDENTITY_FILE",
+        value_name = "FILE"
+    )]
+    pub identity: Option<PathBuf>,
+    /// With --identity-file every backup read must be encrypted: an unencrypted object (or one of
+    /// etcd-backup-restore's) is refused unless its key is named here (comma-separated)
+    #[arg(
+        long,
+        env = "ETCD_WARDEN_ALLOW_UNENCRYPTED",
+        value_name = "KEYS",
+        value_delimiter = ','
+    )]
+    pub allow_unencrypted: Vec<String>,
+    /// Ed25519 public keys (PEM, `openssl pkey -in SIGN_KEY -pubout`) the backups were signed
+    /// with (`run --sign-key`): every object and record read must carry a signature by one of
+    /// them (comma-separated files)
+    #[arg(
+        long,
+        env = "ETCD_WARDEN_VERIFY_KEY",
+        value_name = "FILES",
+        value_delimiter = ','
+    )]
+    pub verify_key: Vec<PathBuf>,
+    /// With --verify-key, unsigned objects (e.g. written before signing was turned on, or
+    /// etcd-backup-restore's) are refused unless their keys are named here (comma-separated)
+    #[arg(
+        long,
+        env = "ETCD_WARDEN_ALLOW_UNSIGNED",
+        value_name = "KEYS",
+        value_delimiter = ','
+    )]
+    pub allow_unsigned: Vec<String>,
+}
+
 #[derive(Debug, Args)]
 pub struct PointArgs {
     /// The store the warden backs up to (its --store); etcd-backup-restore's stores work too.
@@ -108,23 +150,8 @@ pub struct PointArgs {
     /// Only the keys that start with this (e.g. /registry/secrets/shop/).
     #[arg(long, value_name = "PREFIX", default_value = "")]
     pub prefix: String,
-    /// age identity file, for backups written with --encrypt-to.
-    #[arg(
-        long = "identity-file",
-        alias = "identity",
-        env = "ETCD_WARDEN_IDENTITY_FILE",
-        value_name = "FILE"
-    )]
-    pub identity: Option<PathBuf>,
-    /// With --identity-file every backup read must be encrypted: an unencrypted object (or one of
-    /// etcd-backup-restore's) is refused unless its key is named here (comma-separated)
-    #[arg(
-        long,
-        env = "ETCD_WARDEN_ALLOW_UNENCRYPTED",
-        value_name = "KEYS",
-        value_delimiter = ','
-    )]
-    pub allow_unencrypted: Vec<String>,
+    #[command(flatten)]
+    pub keys: ReadKeys,
     /// Where the full snapshot is read through (a scratch file as large as the database, removed
     /// after) [default: the system's temporary directory]
     #[arg(long, value_name = "DIR")]
@@ -241,23 +268,12 @@ pub struct ClusterRestoreArgs {
     /// restore by the new one too. Without it, a second plan while one is pending is refused.
     #[arg(long)]
     pub replace: bool,
-    /// age identity file, for backups written with --encrypt-to.
-    #[arg(
-        long = "identity-file",
-        alias = "identity",
-        env = "ETCD_WARDEN_IDENTITY_FILE",
-        value_name = "FILE"
-    )]
-    pub identity: Option<PathBuf>,
-    /// With --identity-file every backup read must be encrypted: an unencrypted object (or one of
-    /// etcd-backup-restore's) is refused unless its key is named here (comma-separated)
-    #[arg(
-        long,
-        env = "ETCD_WARDEN_ALLOW_UNENCRYPTED",
-        value_name = "KEYS",
-        value_delimiter = ','
-    )]
-    pub allow_unencrypted: Vec<String>,
+    #[command(flatten)]
+    pub keys: ReadKeys,
+    /// Sign the plan (and read the backups) with this Ed25519 private key, the one the members'
+    /// wardens sign with (`run --sign-key`): members that verify refuse an unsigned plan.
+    #[arg(long, env = "ETCD_WARDEN_SIGN_KEY", value_name = "FILE")]
+    pub sign_key: Option<PathBuf>,
     /// Roll a cluster back after an etcd upgrade: every member restores the newest rollback point of
     /// data written by this etcd release (3.5, or 3.5.30 exactly); start the members with that
     /// release's binary. With --force when the members' data is sound
@@ -351,23 +367,8 @@ pub struct RestoreArgs {
     /// etcdutl (3.5+) or etcdctl (3.4), when not beside etcd.
     #[arg(long, value_name = "PATH")]
     pub etcdutl: Option<PathBuf>,
-    /// age identity file, for backups written with --encrypt-to.
-    #[arg(
-        long = "identity-file",
-        alias = "identity",
-        env = "ETCD_WARDEN_IDENTITY_FILE",
-        value_name = "FILE"
-    )]
-    pub identity: Option<PathBuf>,
-    /// With --identity-file every backup read must be encrypted: an unencrypted object (or one of
-    /// etcd-backup-restore's) is refused unless its key is named here (comma-separated)
-    #[arg(
-        long,
-        env = "ETCD_WARDEN_ALLOW_UNENCRYPTED",
-        value_name = "KEYS",
-        value_delimiter = ','
-    )]
-    pub allow_unencrypted: Vec<String>,
+    #[command(flatten)]
+    pub keys: ReadKeys,
     /// Raise the restored revision by N and mark every revision up to it compacted (etcdutl's
     /// --bump-revision N --mark-compacted), as the automatic restore of `run` does: clients that
     /// saw newer revisions are never handed those numbers again, and watchers from before are told
@@ -412,6 +413,9 @@ pub struct SnapshotArgs {
     /// Encrypt with age to the recipients in this file.
     #[arg(long, env = "ETCD_WARDEN_ENCRYPT_TO_FILE", value_name = "FILE")]
     pub encrypt_to_file: Option<PathBuf>,
+    /// Sign the snapshot with this Ed25519 private key (PEM), as `run --sign-key` signs.
+    #[arg(long, env = "ETCD_WARDEN_SIGN_KEY", value_name = "FILE")]
+    pub sign_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -453,23 +457,9 @@ pub enum BackupsCommand {
         /// The etcd binary for --deep (etcdutl/etcdctl beside it).
         #[arg(long, default_value = "etcd", value_name = "PATH")]
         etcd: String,
-        /// age identity file: also decrypt and check the contents of encrypted backups.
-        #[arg(
-            long = "identity-file",
-            alias = "identity",
-            env = "ETCD_WARDEN_IDENTITY_FILE",
-            value_name = "FILE"
-        )]
-        identity: Option<PathBuf>,
-        /// With --identity-file every backup read must be encrypted: an unencrypted object (or one
-        /// of etcd-backup-restore's) is reported unless its key is named here (comma-separated)
-        #[arg(
-            long,
-            env = "ETCD_WARDEN_ALLOW_UNENCRYPTED",
-            value_name = "KEYS",
-            value_delimiter = ','
-        )]
-        allow_unencrypted: Vec<String>,
+        /// With --identity-file, also decrypt and check the contents of encrypted backups.
+        #[command(flatten)]
+        keys: ReadKeys,
         /// kube-apiserver's EncryptionConfiguration: also read every full snapshot and say which
         /// keys its encrypted values (Secrets encrypted at rest) need, and whether this file holds
         /// them all (exit 1 when not).
@@ -627,6 +617,28 @@ pub struct RunOptions {
         value_delimiter = ','
     )]
     pub allow_unencrypted: Option<Vec<String>>,
+    /// Ed25519 private key (PEM, `openssl genpkey -algorithm ed25519`) that signs every object
+    /// and record written; restores then accept only objects signed by it or --verify-key
+    #[arg(long, env = "ETCD_WARDEN_SIGN_KEY", value_name = "FILE")]
+    pub sign_key: Option<PathBuf>,
+    /// Ed25519 public keys (PEM, comma-separated files) whose signatures restores accept besides
+    /// --sign-key's own (a key being rotated out); with either, unsigned objects are refused
+    #[arg(
+        long,
+        env = "ETCD_WARDEN_VERIFY_KEY",
+        value_name = "FILES",
+        value_delimiter = ','
+    )]
+    pub verify_key: Option<Vec<PathBuf>>,
+    /// With --sign-key or --verify-key, unsigned objects are refused unless their keys are named
+    /// here (comma-separated) [default: none]
+    #[arg(
+        long,
+        env = "ETCD_WARDEN_ALLOW_UNSIGNED",
+        value_name = "KEYS",
+        value_delimiter = ','
+    )]
+    pub allow_unsigned: Option<Vec<String>>,
     /// TTL of a lease that a restored etcd-backup-restore delta names (GBR records no TTL) [default: 1h]
     #[arg(long, env = "ETCD_WARDEN_GBR_LEASE_TTL", value_name = "DURATION")]
     pub gbr_lease_ttl: Option<String>,
@@ -826,6 +838,9 @@ impl RunOptions {
             encrypt_to_file: self.encrypt_to_file.or(file.encrypt_to_file),
             identity_file: self.identity_file.or(file.identity_file),
             allow_unencrypted: self.allow_unencrypted.or(file.allow_unencrypted),
+            sign_key: self.sign_key.or(file.sign_key),
+            verify_key: self.verify_key.or(file.verify_key),
+            allow_unsigned: self.allow_unsigned.or(file.allow_unsigned),
             gbr_lease_ttl: self.gbr_lease_ttl.or(file.gbr_lease_ttl),
             admin_socket: self.admin_socket.or(file.admin_socket),
             allow_unsupported_upgrade: self.allow_unsupported_upgrade || file.allow_unsupported_upgrade,
@@ -1024,8 +1039,13 @@ impl RunConfig {
         let keys = keys(
             o.encrypt_to.as_slice(),
             o.encrypt_to_file.as_slice(),
-            o.identity_file.as_deref(),
-            o.allow_unencrypted.as_deref().unwrap_or_default(),
+            &ReadKeys {
+                identity: o.identity_file.clone(),
+                allow_unencrypted: o.allow_unencrypted.clone().unwrap_or_default(),
+                verify_key: o.verify_key.clone().unwrap_or_default(),
+                allow_unsigned: o.allow_unsigned.clone().unwrap_or_default(),
+            },
+            o.sign_key.as_deref(),
         )?;
         let defrag_schedule = match &o.defrag_schedule {
             Some(v) => Some(
@@ -1327,8 +1347,8 @@ impl RunConfig {
 pub fn keys(
     to: &[String],
     to_files: &[PathBuf],
-    identity: Option<&Path>,
-    allow_unencrypted: &[String],
+    read: &ReadKeys,
+    sign_key: Option<&Path>,
 ) -> Result<crate::snapshot::crypt::Keys, ConfigError> {
     use crate::snapshot::crypt;
     // The reason names its source: `--encrypt-to: …`, or the file of --encrypt-to-file.
@@ -1349,17 +1369,27 @@ pub fn keys(
             reason: "names no recipient (write age1…, as age-keygen -y prints)".into(),
         });
     }
-    let identities = match identity {
+    let identities = match &read.identity {
         Some(p) => crypt::identities(p).map_err(|reason| ConfigError::Invalid {
             option: "identity-file",
             reason,
         })?,
         None => Vec::new(),
     };
+    let signing = crate::store::sign::Signing::load(sign_key, &read.verify_key, &read.allow_unsigned)
+        .map_err(|reason| ConfigError::Invalid {
+            option: if sign_key.is_some_and(|k| reason.starts_with(&k.display().to_string())) {
+                "sign-key"
+            } else {
+                "verify-key"
+            },
+            reason,
+        })?;
     Ok(crypt::Keys {
         recipients: std::sync::Arc::new(recipients),
         identities: std::sync::Arc::new(identities),
-        allow_unencrypted: std::sync::Arc::new(allow_unencrypted.to_vec()),
+        allow_unencrypted: std::sync::Arc::new(read.allow_unencrypted.clone()),
+        signing,
     })
 }
 

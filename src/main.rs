@@ -44,18 +44,11 @@ fn main() {
             store,
             deep: true,
             etcd,
-            identity,
-            allow_unencrypted,
+            keys,
             kube_encryption_config,
             ..
         }) => with_reaper(|reaper, _signals| {
-            cli::verify_deep(
-                store,
-                etcd,
-                (identity, allow_unencrypted),
-                kube_encryption_config,
-                reaper,
-            )
+            cli::verify_deep(store, etcd, keys, kube_encryption_config, reaper)
         }),
         Command::Backups(cmd) => one_shot(cli::backups(cmd)),
         Command::Restore(args) => restore_command(args),

@@ -279,6 +279,18 @@ fn bad_input_exits_64_with_one_line_and_touches_nothing() {
             want: "--identity-file",
         },
         Case {
+            name: "sign key that is no Ed25519 key",
+            args: with(&["--sign-key", toml.to_str().unwrap()], &[]),
+            env: vec![],
+            want: "--sign-key",
+        },
+        Case {
+            name: "verify key file missing, by variable",
+            args: with(&[], &[]),
+            env: vec![("ETCD_WARDEN_VERIFY_KEY", "/nonexistent/verify.pem".into())],
+            want: "etcd-warden: --verify-key: /nonexistent/verify.pem",
+        },
+        Case {
             name: "admin token too short",
             args: with(&["--admin-token-file", short_token.to_str().unwrap()], &[]),
             env: vec![],

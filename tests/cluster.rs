@@ -1185,7 +1185,7 @@ fn a_writers_graceful_stop_under_writes_leaves_no_object_outside_the_cluster() {
     rt().block_on(async {
         for r in &rows {
             let key = r["key"].as_str().unwrap();
-            let h = etcd_warden::store::format::read_header(s.inner.as_ref(), key)
+            let h = etcd_warden::store::format::read_header(s.inner.as_ref(), key, &s.keys.signing)
                 .await
                 .unwrap();
             assert_eq!(

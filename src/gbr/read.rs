@@ -122,6 +122,7 @@ fn verified(
             revision_after: None,
             revisions: delta.then_some(counts.0),
             events: delta.then_some(counts.1),
+            signature: None,
         },
         size,
         payload_len: size,

@@ -878,9 +878,10 @@ impl Backup {
             return Ok(None);
         }
         // Membership or auth changed since that full (while no warden watched): a new full now.
-        let header = crate::store::format::read_header(store.inner.as_ref(), &newest.key())
-            .await
-            .ok();
+        let header =
+            crate::store::format::read_header(store.inner.as_ref(), &newest.key(), &store.keys.signing)
+                .await
+                .ok();
         // A cluster's chain is its own: after a cluster restore (a new cluster id) the first
         // writer starts one with a full, never continuing the lost cluster's.
         if self.cfg.cluster

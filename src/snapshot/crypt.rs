@@ -25,6 +25,9 @@ pub struct Keys {
     /// Keys of unencrypted objects (or etcd-backup-restore's) the operator accepts although the
     /// store is read with an identity (`--allow-unencrypted`).
     pub allow_unencrypted: Arc<Vec<String>>,
+    /// The sign key objects are signed with and the keys readers trust (`--sign-key`,
+    /// `--verify-key`, `--allow-unsigned`).
+    pub signing: crate::store::sign::Signing,
 }
 
 impl std::fmt::Debug for Keys {

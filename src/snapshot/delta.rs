@@ -233,7 +233,7 @@ pub async fn upload(
     comp.write(&p.raw).map_err(SnapshotError::Compress)?;
     let packed = comp.finish().map_err(SnapshotError::Compress)?;
     let key = name.key();
-    let mut w = ObjectWriter::begin(store.inner.clone(), &key, &header).await?;
+    let mut w = ObjectWriter::begin(store.inner.clone(), &key, &header, &store.keys.signing).await?;
     if let Err(e) = w.payload(&packed).await {
         w.abort().await;
         return Err(e.into());
@@ -244,6 +244,7 @@ pub async fn upload(
         revision_after: None,
         revisions: Some(p.revisions),
         events: Some(p.events),
+        signature: None,
     };
     let stored_bytes = w.finish(&footer).await?;
     let duration = started.elapsed();

@@ -205,6 +205,7 @@ pub async fn take_full(
         revision_after: Some(revision_after),
         revisions: None,
         events: None,
+        signature: None,
     };
     crate::failpoint::pause("full-before-complete").await;
     let stored_bytes = writer.finish(&footer).await?;
@@ -260,7 +261,7 @@ where
     S: futures_util::Stream<Item = Result<Vec<u8>, SnapshotError>>,
 {
     use futures_util::StreamExt;
-    let mut writer = ObjectWriter::begin(store.inner.clone(), key, header).await?;
+    let mut writer = ObjectWriter::begin(store.inner.clone(), key, header, &store.keys.signing).await?;
     let body = async {
         let mut comp = Packer::new(compression, &store.keys).map_err(SnapshotError::Compress)?;
         let mut check = TrailerCheck::default();

@@ -87,9 +87,11 @@ pub async fn verify_object(store: &Store, name: &SnapshotName) -> Result<Verifie
         return read_verified(store, name, |_| Ok(())).await.map_err(String::from);
     }
     if name.encryption == Encryption::Age && store.keys.identities.is_empty() {
-        return format::read_object(store.inner.as_ref(), &name.key(), |_, _| Ok(()))
-            .await
-            .map_err(|e| crate::telemetry::error_chain(&e));
+        return format::read_object(store.inner.as_ref(), &name.key(), &store.keys.signing, |_, _| {
+            Ok(())
+        })
+        .await
+        .map_err(|e| crate::telemetry::error_chain(&e));
     }
     read_verified(store, name, |_| Ok(())).await.map_err(String::from)
 }
@@ -112,6 +114,12 @@ where
             .map_err(ObjectError::Corrupt)?;
     }
     if let Layout::Gbr(g) = &name.layout {
+        // etcd-backup-restore signs nothing: with signing on, only those named are read.
+        store
+            .keys
+            .signing
+            .unsigned(&name.key(), "is etcd-backup-restore's (never signed)")
+            .map_err(ObjectError::Corrupt)?;
         return crate::gbr::read::read_verified(store, name, g, on_raw).await;
     }
     let mut unavailable = None;
@@ -168,7 +176,7 @@ where
         }
         Ok(())
     };
-    let verified = format::read_object(store.inner.as_ref(), &key, |h, chunk| {
+    let verified = format::read_object(store.inner.as_ref(), &key, &store.keys.signing, |h, chunk| {
         let d = match de.as_mut() {
             Some(d) => d,
             None => {
@@ -362,6 +370,12 @@ pub async fn read_full_to_file(
             .map_err(ObjectError::Corrupt)?;
     }
     if let Layout::Gbr(g) = &name.layout {
+        // etcd-backup-restore signs nothing: with signing on, only those named are read.
+        store
+            .keys
+            .signing
+            .unsigned(&name.key(), "is etcd-backup-restore's (never signed)")
+            .map_err(ObjectError::Corrupt)?;
         return crate::gbr::read::read_full_to_file(store, name, g, path, progress).await;
     }
     let local = |e: String| ObjectError::Local(e);
@@ -384,7 +398,7 @@ pub async fn read_full_to_file(
     };
     let mut worker: Option<FullWorker> = None;
     let mut file = Some(file);
-    let read = format::read_object(store.inner.as_ref(), &key, |h, chunk| {
+    let read = format::read_object(store.inner.as_ref(), &key, &store.keys.signing, |h, chunk| {
         let w = match worker.as_mut() {
             Some(w) => w,
             None => {

@@ -21,6 +21,7 @@ use thiserror::Error;
 use tokio::io::AsyncWriteExt;
 
 use super::layout::{Compression, Encryption, Kind, Layout, SnapshotName};
+use super::sign::Signing;
 
 pub const MAGIC: &[u8; 8] = b"EWARDEN1";
 pub const END_MAGIC: &[u8; 8] = b"EWEND001";
@@ -90,6 +91,9 @@ pub struct Footer {
     pub revisions: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub events: Option<u64>,
+    /// `ed25519:<key id>:<hex>` over the object (`store::sign`), always the last member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
 }
 
 #[derive(Debug, Error)]
@@ -118,10 +122,18 @@ pub struct ObjectWriter {
     payload_len: u64,
     /// Magic, header length and header JSON.
     head_len: u64,
+    header: Vec<u8>,
+    signing: Signing,
 }
 
 impl ObjectWriter {
-    pub async fn begin(store: Arc<dyn ObjectStore>, key: &str, header: &Header) -> Result<Self, FormatError> {
+    /// `signing` signs the object when it holds a sign key (`store::sign`).
+    pub async fn begin(
+        store: Arc<dyn ObjectStore>,
+        key: &str,
+        header: &Header,
+        signing: &Signing,
+    ) -> Result<Self, FormatError> {
         let out = BufWriter::with_capacity(store, Path::from(key), PART_SIZE)
             .with_max_concurrency(UPLOAD_CONCURRENCY);
         let mut w = Self {
@@ -130,6 +142,8 @@ impl ObjectWriter {
             hasher: Sha256::new(),
             payload_len: 0,
             head_len: 0,
+            header: Vec::new(),
+            signing: signing.clone(),
         };
         let json = serde_json::to_vec(header).expect("header serializes");
         let mut head = Vec::with_capacity(12 + json.len());
@@ -138,6 +152,7 @@ impl ObjectWriter {
         head.extend_from_slice(&json);
         w.raw(&head).await?;
         w.head_len = head.len() as u64;
+        w.header = json;
         Ok(w)
     }
 
@@ -161,8 +176,15 @@ impl ObjectWriter {
     /// Writes footer and trailer and completes the upload: only now does the object appear.
     /// Returns the object's total size.
     pub async fn finish(mut self, footer: &Footer) -> Result<u64, FormatError> {
-        let json = serde_json::to_vec(footer).expect("footer serializes");
-        let digest = std::mem::take(&mut self.hasher).finalize();
+        let unsigned = Footer {
+            signature: None,
+            ..footer.clone()
+        };
+        let json = serde_json::to_vec(&unsigned).expect("footer serializes");
+        let digest: [u8; 32] = std::mem::take(&mut self.hasher).finalize().into();
+        let json = self
+            .signing
+            .seal_object(&self.key, &self.header, self.payload_len, &digest, json);
         let mut tail = Vec::with_capacity(json.len() + TRAILER_LEN);
         tail.extend_from_slice(&json);
         tail.extend_from_slice(&(json.len() as u32).to_le_bytes());
@@ -202,6 +224,7 @@ struct Tail {
     payload_len: u64,
     digest: [u8; 32],
     footer: Footer,
+    footer_bytes: Bytes,
 }
 
 async fn read_tail(store: &dyn ObjectStore, key: &str) -> Result<Tail, FormatError> {
@@ -245,6 +268,7 @@ async fn read_tail(store: &dyn ObjectStore, key: &str) -> Result<Tail, FormatErr
         payload_len,
         digest,
         footer,
+        footer_bytes,
     })
 }
 
@@ -318,8 +342,14 @@ pub fn header_agrees(header: &Header, key: &str) -> Result<(), String> {
     }
 }
 
-/// Reads only an object's header: two small range reads.
-pub async fn read_header(store: &dyn ObjectStore, key: &str) -> Result<Header, FormatError> {
+/// Reads only an object's header: two small range reads (four more, for the footer and trailer,
+/// when `signing` requires signatures: the signature covers the payload's digest, so it is
+/// checked without the payload, which a full read then checks against that digest).
+pub async fn read_header(
+    store: &dyn ObjectStore,
+    key: &str,
+    signing: &Signing,
+) -> Result<Header, FormatError> {
     let corrupt = |reason: String| FormatError::Corrupt {
         key: key.to_owned(),
         reason,
@@ -338,6 +368,12 @@ pub async fn read_header(store: &dyn ObjectStore, key: &str) -> Result<Header, F
     let header: Header =
         serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("header is not valid JSON: {e}")))?;
     header_agrees(&header, key).map_err(corrupt)?;
+    if signing.verifies() {
+        let tail = read_tail(store, key).await?;
+        signing
+            .open_object(key, &bytes, tail.payload_len, &tail.digest, &tail.footer_bytes)
+            .map_err(corrupt)?;
+    }
     Ok(header)
 }
 
@@ -397,7 +433,14 @@ pub(crate) fn byte_stream(
     .boxed()
 }
 
-pub async fn read_object<F>(store: &dyn ObjectStore, key: &str, mut sink: F) -> Result<Verified, FormatError>
+/// `signing` checks the object's signature (`store::sign`) before the first payload byte reaches
+/// `sink`.
+pub async fn read_object<F>(
+    store: &dyn ObjectStore,
+    key: &str,
+    signing: &Signing,
+    mut sink: F,
+) -> Result<Verified, FormatError>
 where
     F: FnMut(&Header, &[u8]) -> Result<(), String>,
 {
@@ -416,6 +459,7 @@ where
         payload_len,
         digest,
         footer,
+        footer_bytes,
     } = read_tail(store, key).await?;
     let result = store
         .get_opts(
@@ -452,6 +496,9 @@ where
             let h: Header = serde_json::from_slice(&prefix[12..12 + hlen])
                 .map_err(|e| corrupt(format!("header is not valid JSON: {e}")))?;
             header_agrees(&h, key).map_err(corrupt)?;
+            signing
+                .open_object(key, &prefix[12..12 + hlen], payload_len, &digest, &footer_bytes)
+                .map_err(corrupt)?;
             let start = (12 + hlen) as u64;
             let consumed_before = pos;
             pos += data.len() as u64;

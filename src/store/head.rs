@@ -60,7 +60,10 @@ impl Store {
     /// the term check and a plain write.
     pub async fn put_head(&self, head: &Head) -> Result<HeadWrite, StoreError> {
         let path = object_store::path::Path::from(key());
-        let body = serde_json::to_vec_pretty(head).expect("a head serializes");
+        let body = self.keys.signing.seal_record(
+            &key(),
+            serde_json::to_vec_pretty(head).expect("a head serializes"),
+        );
         let write = |source| StoreError::Write {
             key: key(),
             url: self.url.to_string(),
@@ -79,7 +82,11 @@ impl Store {
                         url: self.url.to_string(),
                         source,
                     })?;
-                    (serde_json::from_slice::<Head>(&bytes).ok(), Some(version))
+                    // A head this store's key did not sign (with signing on) is no writer's word.
+                    let theirs = self
+                        .record_trusted(&key(), &bytes)
+                        .then(|| serde_json::from_slice::<Head>(&bytes).ok());
+                    (theirs.flatten(), Some(version))
                 }
                 Err(object_store::Error::NotFound { .. }) => (None, None),
                 Err(source) => {

@@ -11,6 +11,7 @@ pub mod lock;
 pub mod owner;
 pub mod plan;
 pub mod retention;
+pub mod sign;
 pub mod url;
 
 use std::sync::Arc;
@@ -481,7 +482,20 @@ impl Store {
         Ok((fulls, chains))
     }
 
-    /// A small JSON object (the head, the owner record): `None` when absent or unparsable.
+    /// Whether a small JSON record read from `key` may be believed: with signing on, only one
+    /// signed by a trusted key (`store::sign`); a refused one is logged and read as absent.
+    pub(crate) fn record_trusted(&self, key: &str, bytes: &[u8]) -> bool {
+        match self.keys.signing.open_record(key, bytes) {
+            Ok(()) => true,
+            Err(reason) => {
+                tracing::warn!(key, %reason, "a record in the store is not trusted: ignored");
+                false
+            }
+        }
+    }
+
+    /// A small JSON object (the head, the owner record, a restore plan): `None` when absent,
+    /// unparsable, or (with signing on) not signed by a trusted key.
     pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(
         &self,
         key: &str,
@@ -492,7 +506,13 @@ impl Store {
             source,
         };
         match self.inner.get(&Path::from(key)).await {
-            Ok(got) => Ok(serde_json::from_slice(&got.bytes().await.map_err(read)?).ok()),
+            Ok(got) => {
+                let bytes = got.bytes().await.map_err(read)?;
+                if !self.record_trusted(key, &bytes) {
+                    return Ok(None);
+                }
+                Ok(serde_json::from_slice(&bytes).ok())
+            }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(source) => Err(read(source)),
         }
@@ -506,7 +526,10 @@ impl Store {
         value: &T,
         create: bool,
     ) -> Result<bool, StoreError> {
-        let body = serde_json::to_vec_pretty(value).expect("a record serializes");
+        let body = self.keys.signing.seal_record(
+            key,
+            serde_json::to_vec_pretty(value).expect("a record serializes"),
+        );
         let opts = object_store::PutOptions {
             mode: if create {
                 object_store::PutMode::Create

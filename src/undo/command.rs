@@ -17,7 +17,7 @@ pub const EX_CONFLICTS: i32 = 3;
 
 /// The store, the target and the key filter of `args`; exit 64 (said) for bad input.
 fn point(args: &PointArgs, keep_values: bool) -> Result<(Store, Target, Filter, PathBuf), i32> {
-    let keys = crate::cli::keys(None, None, args.identity.as_deref(), &args.allow_unencrypted)?;
+    let keys = crate::cli::keys(None, None, &args.keys, None)?;
     let store = crate::cli::open_store(&args.store, keys)?;
     let target = crate::cli::target_of(args.to_revision, args.to_time.as_deref())?;
     let scratch = args.scratch_dir.clone().unwrap_or_else(std::env::temp_dir);

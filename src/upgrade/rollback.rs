@@ -56,7 +56,13 @@ async fn with_headers(
     for m in metas {
         let key = m.location.to_string();
         if let Some(name) = parse(&key) {
-            let header = match crate::store::format::read_header(store.inner.as_ref(), &key).await {
+            let header = match crate::store::format::read_header(
+                store.inner.as_ref(),
+                &key,
+                &store.keys.signing,
+            )
+            .await
+            {
                 Ok(header) => header,
                 // Expired by retention (this or another warden) between the listing and the read.
                 Err(crate::store::format::FormatError::Read {
@@ -197,6 +203,7 @@ pub async fn take(
         revision_after: Some(revision),
         revisions: None,
         events: None,
+        signature: None,
     };
     writer
         .finish(&footer)
