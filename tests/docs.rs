@@ -32,7 +32,9 @@ fn numbered(line: &str, word: &str) -> bool {
 /// A word of 7 to 40 hex digits holding both a digit and a letter: a commit hash.
 fn commit_like(line: &str) -> Option<&str> {
     line.split(|c: char| !c.is_ascii_alphanumeric()).find(|w| {
-        (7..=40).contains(&w.len())
+        // The signature scheme's name is all hex digits too.
+        !w.eq_ignore_ascii_case("ed25519")
+            && (7..=40).contains(&w.len())
             && w.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
             && w.chars().any(|c| c.is_ascii_digit())
             && w.chars().any(|c| c.is_ascii_alphabetic())

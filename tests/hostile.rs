@@ -856,3 +856,116 @@ fn a_signed_store_refuses_forged_renamed_and_foreign_objects() {
         "the new plan is not the signed one: {current}"
     );
 }
+
+/// A full whose database is crafted, with the sha256 that anyone who can write to an unsigned
+/// bucket can compute for it (its root page claims 65 535 elements): etcd's tool fails on it
+/// (under a memory and time bound), the warden's own bbolt reader finds the database unsound, and
+/// the restore falls back to the older chain, naming the crafted full, instead of stopping there.
+#[test]
+fn a_crafted_database_with_a_matching_sha256_makes_the_restore_fall_back() {
+    use etcd_warden::snapshot::full::upload_stream;
+    use etcd_warden::snapshot::verify::read_full_to_file;
+    use etcd_warden::store::format::Footer;
+    use sha2::{Digest, Sha256};
+
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = default_etcd();
+    let ctl = etcdctl_for(&etcd);
+    let (w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &[]);
+    etcdctl(&ctl, &ip, &["put", "old", "1"]).unwrap();
+    let older_end = etcd_revision(&ctl, &ip);
+    let fulls = w.status()["backup"]["fulls_total"].as_u64().unwrap();
+    w.signal(nix::sys::signal::Signal::SIGUSR1);
+    wait_for("a second full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() > Some(fulls)).then_some(())
+    });
+    etcdctl(&ctl, &ip, &["put", "new", "2"]).unwrap();
+    let rev = etcd_revision(&ctl, &ip);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
+    });
+    kill_node(w, START);
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let s = etcd_warden::store::Store::open(&etcd_warden::store::StoreUrl::File {
+        path: dir.path().join("store"),
+    })
+    .unwrap();
+    let fulls = rt.block_on(s.list_fulls()).unwrap();
+    let newest = fulls
+        .iter()
+        .map(|(n, _)| *n)
+        .max_by_key(|n| n.last_revision())
+        .unwrap();
+    let stream = dir.path().join("full.stream");
+    let verified = rt
+        .block_on(read_full_to_file(&s, &newest, &stream, &Default::default()))
+        .unwrap();
+    let mut db = std::fs::read(&stream).unwrap();
+    db.truncate(db.len() - 32);
+    // The meta with the higher txid names the root page; its element count goes to 65 535.
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let page_size = u32::from_le_bytes(db[24..28].try_into().unwrap()) as usize;
+    let meta = [16, page_size + 16]
+        .into_iter()
+        .max_by_key(|&m| u64_at(&db, m + 48))
+        .unwrap();
+    let root = u64_at(&db, meta + 16) as usize;
+    db[root * page_size + 10..root * page_size + 12].copy_from_slice(&u16::MAX.to_le_bytes());
+    let sha = Sha256::digest(&db);
+    db.extend_from_slice(&sha);
+    std::fs::remove_file(dir.path().join("store").join(newest.key())).unwrap();
+    let chunks: Vec<_> = db.chunks(64 * 1024).map(|c| Ok(c.to_vec())).collect();
+    let (raw, sha_hex, writer) = rt
+        .block_on(upload_stream(
+            &s,
+            &newest.key(),
+            &verified.header,
+            newest.compression,
+            futures_util::stream::iter(chunks),
+        ))
+        .unwrap();
+    rt.block_on(writer.finish(&Footer {
+        raw_bytes: raw,
+        etcd_sha256: Some(sha_hex),
+        ..verified.footer.clone()
+    }))
+    .unwrap();
+
+    let restored = dir.path().join("restored");
+    let ip2 = unique_ip();
+    let out = restore_command(&store, &restored, &etcd, &ip2, &[])
+        .arg("--accept-older")
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "the restore stopped at the crafted full:\n{said}"
+    );
+    assert!(
+        said.lines()
+            .any(|l| l.contains(&newest.key()) && l.contains("corrupt bbolt file")),
+        "the restore does not say why it skipped {}:\n{said}",
+        newest.key()
+    );
+    let plain = PlainEtcd::start(&etcd, &ip2, &restored, "m1");
+    assert!(
+        etcd_revision(&ctl, &ip2) >= older_end,
+        "the older chain was not restored:\n{said}"
+    );
+    assert_eq!(
+        etcdctl(&ctl, &ip2, &["get", "old", "--print-value-only"])
+            .unwrap()
+            .trim(),
+        "1",
+        "the older chain's write is missing"
+    );
+    plain.stop();
+}

@@ -267,8 +267,16 @@ fn kube_apiserver_sees_a_crash_restored_by_the_warden_as_newer_and_relists() {
     );
     let cms = kube.json("GET", "/api/v1/namespaces/w/configmaps", None);
     let secrets = kube.json("GET", "/api/v1/namespaces/w/secrets", None);
-    assert_eq!(cms["items"].as_array().unwrap().len(), 251);
-    assert!(secrets["items"].as_array().unwrap().len() >= 250);
+    assert_eq!(
+        cms["items"].as_array().map(Vec::len),
+        Some(251),
+        "the ConfigMaps listed after the restore"
+    );
+    assert!(
+        secrets["items"].as_array().map_or(0, Vec::len) >= 250,
+        "the Secrets listed after the restore: {}",
+        secrets["items"].as_array().map_or(0, Vec::len)
+    );
     assert!(rv(&cms) > max_before, "the list's resourceVersion went back");
     let events = kube.watch("/api/v1/namespaces/w/configmaps", &listed.to_string(), 3);
     assert!(
@@ -276,7 +284,12 @@ fn kube_apiserver_sees_a_crash_restored_by_the_warden_as_newer_and_relists() {
         "a watch from resourceVersion {listed} (before the loss) was not told 410 Gone: {events:?}\n{}",
         kube.log().lines().rev().take(20).collect::<Vec<_>>().join("\n")
     );
-    assert_eq!(w.status()["restore"]["startup_restores"]["total"], 1);
+    let status = w.status();
+    assert_eq!(
+        status["restore"]["startup_restores"]["total"], 1,
+        "start-up restores after one crash: {}",
+        status["restore"]
+    );
     w.signal(Signal::SIGTERM);
     w.wait_exit(UP);
 }

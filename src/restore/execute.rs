@@ -18,7 +18,7 @@ use thiserror::Error;
 use super::mvcc::MvccFile;
 use super::plan::{self, Candidate, Target};
 use crate::etcd::private::PrivateEtcd;
-use crate::pid1::{ExitStatus, Reaper, run_to_completion};
+use crate::pid1::{ExitStatus, Reaper, run_bounded};
 use crate::snapshot::verify::{ObjectError, read_full_to_file};
 use crate::store::{Store, StoreError};
 
@@ -452,6 +452,16 @@ async fn catalog_waiting(
     }
 }
 
+/// The most heap etcd's restore tool may take (`RLIMIT_DATA`). etcdutl maps the database shared
+/// (not counted) and changes a few pages of it: tens of MiB at any size.
+const TOOL_MEMORY: u64 = 2 << 30;
+
+/// How long etcd's restore tool may run on a database of `size` bytes: two minutes, and a minute
+/// more per 600 MiB (it copies the file and syncs it: 10 MiB/s is a disk well below any etcd's).
+fn tool_time(size: u64) -> Duration {
+    Duration::from_secs(120 + size / (10 << 20))
+}
+
 /// Waits between attempts while the store does not answer: about a minute in all.
 const STORE_RETRIES: [Duration; 6] = [
     Duration::from_secs(1),
@@ -564,19 +574,30 @@ async fn attempt(
     }
     opts.progress
         .step(format!("restoring the full snapshot with {}", tool.display()));
-    let (status, _out, err) = run_to_completion(reaper, &mut cmd)
-        .await
-        .map_err(|e| Failure::Local(format!("run {}: {e}", tool.display())))?;
+    // Bounded in memory and time: whoever can write to the bucket can also give a crafted
+    // database a matching sha256, and etcd's tool trusts the file's page claims.
+    crate::supervisor::limit_data(&mut cmd, TOOL_MEMORY);
+    let size = snapshot.metadata().map(|m| m.len()).unwrap_or(0);
+    let failed = match run_bounded(reaper, &mut cmd, Some(tool_time(size))).await {
+        Ok((ExitStatus::Code(0), _, _)) => None,
+        Ok((status, _, err)) => Some(format!("{status}: {}", err.trim())),
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Some(e.to_string()),
+        Err(e) => return Err(Failure::Local(format!("run {}: {e}", tool.display()))),
+    };
+    // The snapshot passed its digest and etcd's own sha256: a tool that cannot restore it fails
+    // for reasons of this machine (disk, permissions, version), unless the warden's own reader
+    // finds the database unsound: then the object is bad, and an older chain is the way on.
+    let failed = failed.map(|why| {
+        let why = format!("{} snapshot restore failed ({why})", tool.display());
+        match super::bolt::BoltFile::open(&passed).and_then(|f| f.check()) {
+            Ok(()) | Err(super::bolt::BoltError::Io(_)) => Failure::Local(why),
+            Err(e) => Failure::BadFull(format!("{}: {e}; {why}", cand.full.key())),
+        }
+    });
     drop(snapshot);
     let _ = std::fs::remove_file(&db);
-    // The snapshot passed its digest and etcd's own sha256: a tool that cannot restore it fails
-    // for reasons of this machine (disk, permissions, version), not the backup's.
-    if status != ExitStatus::Code(0) {
-        return Err(Failure::Local(format!(
-            "{} snapshot restore failed ({status}): {}",
-            tool.display(),
-            err.trim()
-        )));
+    if let Some(f) = failed {
+        return Err(f);
     }
 
     let db = data.join("member").join("snap").join("db");

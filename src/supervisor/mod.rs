@@ -6,5 +6,5 @@ mod launch;
 mod machine;
 
 pub use actor::{ChildState, Request, Supervisor};
-pub use launch::{Launch, is_private_env, pass_file};
+pub use launch::{Launch, is_private_env, limit_data, pass_file};
 pub use machine::{Phase, Policy};
