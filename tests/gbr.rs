@@ -764,3 +764,59 @@ fn gbr_backups_in_s3_verify_and_restore_exactly_across_both_layouts() {
         "the restore wrote to the store"
     );
 }
+
+/// etcd-backup-restore's fulls claim no size, so a compression bomb under the newest full's name
+/// (256 MiB of zeros, gzipped to a few hundred KiB) would decompress until the disk was full.
+/// Now what it may decompress to is the free space: on a 96 MiB tmpfs it stops there as a bad
+/// object, and the restore falls back to the older full, with the disk never filled.
+#[test]
+fn a_gbr_compression_bomb_stops_at_the_free_space_and_the_restore_falls_back() {
+    let (dir, store) = fixture_copy("gzip");
+    let names = gbr_names(&store);
+    let newest = names.iter().rfind(|n| n.0 == "Full").unwrap().4.clone();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    std::io::copy(&mut std::io::repeat(0).take(256 << 20), &mut gz).unwrap();
+    let bomb = gz.finish().unwrap();
+    assert!(bomb.len() < 1 << 20, "the bomb is small: {} bytes", bomb.len());
+    std::fs::write(store.join("v2").join(&newest), &bomb).unwrap();
+
+    let small = dir.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    let restored = small.join("data");
+    let etcd = default_etcd();
+    let mut restore = restore_command(
+        &format!("file://{}", store.display()),
+        &restored,
+        &etcd,
+        &unique_ip(),
+        &[],
+    );
+    restore.arg("--accept-older");
+    let inner: Vec<String> = std::iter::once(restore.get_program().to_string_lossy().into_owned())
+        .chain(restore.get_args().map(|a| a.to_string_lossy().into_owned()))
+        .collect();
+    let script = format!(
+        "mount -t tmpfs -o size=96m tmpfs '{}' && exec \"$@\"",
+        small.display()
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script, "sh"])
+        .args(&inner)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "the restore failed:\n{said}");
+    assert!(
+        said.lines()
+            .any(|l| l.contains(&newest) && l.contains("decompresses past") && l.contains("free")),
+        "the bomb is not named as a bad object:\n{said}"
+    );
+    assert!(
+        !said.contains("No space left"),
+        "the bomb filled the file system:\n{said}"
+    );
+}

@@ -346,8 +346,12 @@ pub async fn read_full_to_file(
         .map_err(|e| ObjectError::Local(format!("create {}: {e}", path.display())))?;
     let de = decompressor(g.compression).map_err(|e| corrupt(name, e))?;
     let done = Arc::new(AtomicU64::new(0));
-    // GBR's objects claim no size: their etcd sha256 is the check, at the end.
-    let worker = FullWorker::start(Unpacker::from(de), file, path.to_owned(), done.clone(), None);
+    // GBR's objects claim no size: their etcd sha256 is the check, at the end, and what they may
+    // decompress to is the free space (64 MiB kept), so a compression bomb stops before the disk
+    // is full, as a bad object.
+    let room = crate::snapshot::verify::free_bytes(path)
+        .map(|free| (free.saturating_sub(64 << 20), "the disk has free"));
+    let worker = FullWorker::start(Unpacker::from(de), file, path.to_owned(), done.clone(), room);
     let key = name.key();
     let started = std::time::Instant::now();
     let got = get(store, name).await?;

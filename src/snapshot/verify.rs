@@ -410,7 +410,7 @@ pub async fn read_full_to_file(
                     file,
                     path.to_owned(),
                     done.clone(),
-                    Some(claimed),
+                    Some((claimed, "its footer claims")),
                 ))
             }
         };
@@ -456,11 +456,10 @@ fn free_space_for(path: &std::path::Path, bytes: u64) -> Result<(), String> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => std::path::Path::new("."),
     };
-    let Ok(fs) = nix::sys::statvfs::statvfs(dir) else {
+    let Some(free) = free_bytes(path) else {
         // Nothing to say about it: the writes will tell.
         return Ok(());
     };
-    let free = fs.blocks_available().saturating_mul(fs.fragment_size());
     let needed = bytes.saturating_add(64 << 20);
     if free < needed {
         return Err(format!(
@@ -469,6 +468,16 @@ fn free_space_for(path: &std::path::Path, bytes: u64) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// The bytes free on the file system that holds `path` (its directory), for its owner.
+pub(crate) fn free_bytes(path: &std::path::Path) -> Option<u64> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    let fs = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some(fs.blocks_available().saturating_mul(fs.fragment_size()))
 }
 
 /// The second half of `read_full_to_file`: stored bytes in, etcd's stream out to the file, counted
@@ -486,14 +495,15 @@ const FULL_BATCH: usize = 256 << 10;
 const HASH_QUEUE: usize = 2;
 
 impl FullWorker {
-    /// `limit`: the most bytes the payload may decompress to (its footer's claim); a stream that
-    /// goes past it is corrupt and stops there, so a compression bomb never fills the disk.
+    /// `limit`: the most bytes the payload may decompress to, and what sets it (its footer's
+    /// claim; for objects that claim nothing, the free space); a stream that goes past it is
+    /// corrupt and stops there, so a compression bomb never fills the disk.
     pub(crate) fn start(
         mut unpacker: Unpacker,
         mut file: std::fs::File,
         path: std::path::PathBuf,
         done: std::sync::Arc<AtomicU64>,
-        limit: Option<u64>,
+        limit: Option<(u64, &'static str)>,
     ) -> Self {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(FULL_QUEUE);
         let thread = std::thread::spawn(move || {
@@ -513,9 +523,9 @@ impl FullWorker {
             let mut raw = 0u64;
             let mut emit = |bytes: Vec<u8>| -> Result<(), ObjectError> {
                 raw += bytes.len() as u64;
-                if let Some(limit) = limit.filter(|l| raw > *l) {
+                if let Some((limit, what)) = limit.filter(|(l, _)| raw > *l) {
                     return Err(ObjectError::Corrupt(format!(
-                        "the payload decompresses past the {limit} bytes its footer claims"
+                        "the payload decompresses past the {limit} bytes {what}"
                     )));
                 }
                 done.store(raw, Ordering::Relaxed);
