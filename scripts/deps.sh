@@ -288,6 +288,19 @@ need_netns() {
         || die "no cgroup v2 hierarchy at /sys/fs/cgroup/unified or /sys/fs/cgroup: the partition test tells members apart by cgroup"
 }
 
+# promtool from Debian trixie's promtool package (Prometheus 2.53), unpacked into a cache, for the alert
+# rules' checks and unit tests (tests/alerts.rs). Exports PROMTOOL_BIN.
+need_promtool() {
+    local root="${ETCD_WARDEN_CACHE:-$HOME/.cache/etcd-warden}/promtool-trixie"
+    if [ ! -x "$root/usr/bin/promtool" ]; then
+        echo "deps: promtool from Debian trixie (apt-get download promtool into $root)" >&2
+        debian_unpack trixie "$root" promtool
+    fi
+    "$root/usr/bin/promtool" --version 2>&1 | grep -E "^promtool, version 2\." >/dev/null \
+        || die "$root/usr/bin/promtool does not run as promtool 2.x (remove $root to fetch again)"
+    export PROMTOOL_BIN="$root/usr/bin/promtool"
+}
+
 need_age() {
     command -v age >/dev/null && command -v age-keygen >/dev/null || apt_install age
     command -v age-keygen >/dev/null || die "age-keygen still missing after installing age"
