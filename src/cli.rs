@@ -126,12 +126,38 @@ pub(crate) async fn connect_to(
         timeout: Duration::from_secs(10),
         user,
     };
-    match cfg.connect().await {
-        Ok(c) => Ok((list, c)),
-        Err(e) => {
-            eprintln!("etcd-warden: {}", crate::telemetry::error_chain(&e));
-            Err(1)
-        }
+    let unreachable = |why: String| {
+        eprintln!(
+            "etcd-warden: etcd at {endpoints} does not answer ({why}): check --endpoints (https needs --etcd-ca, and --etcd-cert with --etcd-key when etcd asks for a client certificate) and that etcd runs; nothing was written"
+        );
+        1
+    };
+    let mut c = cfg
+        .connect()
+        .await
+        .map_err(|e| unreachable(concise(&crate::telemetry::error_chain(&e))))?;
+    // The client connects lazily: one status asked now says whether anything answers, before
+    // a command creates anything.
+    match tokio::time::timeout(Duration::from_secs(10), c.status()).await {
+        Ok(Ok(_)) => Ok((list, c)),
+        Ok(Err(e)) => Err(unreachable(concise(&crate::telemetry::error_chain(&e)))),
+        Err(_) => Err(unreachable("no answer within 10 s".into())),
+    }
+}
+
+/// What a gRPC error chain says, in a few words: the causes operators meet, else the chain.
+fn concise(chain: &str) -> String {
+    let lower = chain.to_lowercase();
+    if lower.contains("connection refused") {
+        "connection refused".into()
+    } else if lower.contains("certificate") || lower.contains("tls") || lower.contains("handshake") {
+        format!("TLS: {chain}")
+    } else if lower.contains("deadline") || lower.contains("timed out") {
+        "no answer in time".into()
+    } else if lower.contains("dns error") || lower.contains("failed to lookup") {
+        "the host name does not resolve".into()
+    } else {
+        chain.to_owned()
     }
 }
 
@@ -250,12 +276,13 @@ pub async fn snapshot(args: SnapshotArgs) -> i32 {
         Ok(k) => k,
         Err(code) => return code,
     };
-    let store = match open_store_for_writing(&args.store, keys) {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
+    // etcd first: a command that cannot reach it creates nothing in the store.
     let mut client = match connect(&args.client).await {
         Ok(c) => c.1,
+        Err(code) => return code,
+    };
+    let store = match open_store_for_writing(&args.store, keys) {
+        Ok(s) => s,
         Err(code) => return code,
     };
     let progress = crate::telemetry::Progress::terminal();
@@ -716,6 +743,16 @@ pub(crate) fn target_of(
     }
 }
 
+/// Whether a restore may write into `dir`: absent, or an empty directory.
+fn restorable_into(dir: &Path) -> Result<(), &'static str> {
+    match std::fs::metadata(dir) {
+        Err(_) => Ok(()),
+        Ok(m) if !m.is_dir() => Err("is not a directory"),
+        Ok(_) if crate::restore::execute::is_empty_dir(dir) => Ok(()),
+        Ok(_) => Err("exists and is not empty"),
+    }
+}
+
 /// `cluster restore`: writes the plan every member's warden restores by.
 pub async fn cluster_restore(args: crate::config::ClusterRestoreArgs) -> i32 {
     let keys = match keys(None, None, &args.keys, args.sign_key.as_deref()) {
@@ -815,20 +852,15 @@ pub async fn restore(
         Err(code) => return code,
     };
     let store = store.with_gbr_lease_ttl(args.gbr_lease_ttl);
-    if !crate::restore::execute::is_empty_dir(&args.data_dir) {
-        eprintln!(
-            "etcd-warden: --data-dir {:?}: exists and is not empty (restore into a new or empty directory; nothing was changed)",
-            args.data_dir
-        );
-        return EX_USAGE;
-    }
-    if let Some(wal) = &args.wal_dir
-        && !crate::restore::execute::is_empty_dir(wal)
+    for (flag, dir) in
+        std::iter::once(("--data-dir", &args.data_dir)).chain(args.wal_dir.iter().map(|w| ("--wal-dir", w)))
     {
-        eprintln!(
-            "etcd-warden: --wal-dir {wal:?}: exists and is not empty (restore into a new or empty directory; nothing was changed)"
-        );
-        return EX_USAGE;
+        if let Err(why) = restorable_into(dir) {
+            eprintln!(
+                "etcd-warden: {flag} {dir:?}: {why} (restore into a new or empty directory; nothing was changed)"
+            );
+            return EX_USAGE;
+        }
     }
     let etcd = match crate::config::resolve_program_str(&args.etcd) {
         Ok(p) => p,

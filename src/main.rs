@@ -100,6 +100,19 @@ fn clap_error(err: clap::Error) -> i32 {
     if parts.is_empty() {
         parts.push(rendered.trim());
     }
+    // `etcd-warden run etcd --name m1`: the program was meant, and it goes after `--`.
+    let program_tip;
+    let command = std::env::args().nth(1).unwrap_or_default();
+    if err.kind() == ErrorKind::UnknownArgument
+        && matches!(command.as_str(), "run" | "standby")
+        && let Some(clap::error::ContextValue::String(arg)) = err.get(clap::error::ContextKind::InvalidArg)
+        && !arg.starts_with('-')
+    {
+        program_tip = format!(
+            "tip: etcd and its flags go after `--`, as in etcd-warden {command} [OPTIONS] -- {arg} ..."
+        );
+        parts.push(&program_tip);
+    }
     eprintln!("etcd-warden: {} (see etcd-warden --help)", parts.join("; "));
     EX_USAGE
 }

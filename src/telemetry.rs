@@ -106,7 +106,15 @@ pub fn redact(s: &str) -> String {
 
 /// An error and its causes as one line: `a: b: c`, with secrets redacted.
 pub fn error_chain(err: &dyn std::error::Error) -> String {
-    redact(&error_chain_raw(err))
+    let mut s = redact(&error_chain_raw(err));
+    // The cloud clients refuse plain-http endpoints unless told otherwise, and say it in words
+    // that name neither the setting nor the fix.
+    if s.contains("URL scheme is not allowed") {
+        s.push_str(
+            " (the store's endpoint is plain http: set AWS_ALLOW_HTTP=true for an s3:// store, or use https)",
+        );
+    }
+    s
 }
 
 fn error_chain_raw(err: &dyn std::error::Error) -> String {

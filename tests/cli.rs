@@ -279,6 +279,47 @@ fn bad_input_exits_64_with_one_line_and_touches_nothing() {
             want: "--identity-file",
         },
         Case {
+            name: "etcd given without --",
+            args: vec![
+                "run".into(),
+                "--listen".into(),
+                listen.clone(),
+                fake.display().to_string(),
+                "--data-dir".into(),
+                data.display().to_string(),
+            ],
+            env: vec![],
+            want: "tip: etcd and its flags go after `--`, as in etcd-warden run [OPTIONS] -- ",
+        },
+        Case {
+            name: "restore into a file",
+            args: vec![
+                "restore".into(),
+                "--store".into(),
+                format!("file://{}", d.display()),
+                "--data-dir".into(),
+                a_file.display().to_string(),
+            ],
+            env: vec![],
+            want: "a-file\": is not a directory (restore into a new or empty directory",
+        },
+        Case {
+            name: "a time without its offset",
+            args: vec![
+                "restore".into(),
+                "--store".into(),
+                format!("file://{}", d.display()),
+                "--data-dir".into(),
+                data.display().to_string(),
+                "--etcd".into(),
+                fake.display().to_string(),
+                "--to-time".into(),
+                "2026-11-29T16:30:00".into(),
+            ],
+            env: vec![],
+            want: "(write RFC 3339 with its offset",
+        },
+        Case {
             name: "sign key that is no Ed25519 key",
             args: with(&["--sign-key", toml.to_str().unwrap()], &[]),
             env: vec![],
@@ -792,5 +833,47 @@ fn a_cluster_restore_beyond_the_newest_backup_writes_no_plan() {
         files_under(&dir.path().join("store")),
         before,
         "the store changed: {stderr}"
+    );
+}
+
+/// One-shot commands that fail on what they talk to say which input and what fix, and create
+/// nothing on the way: `snapshot` at an etcd that does not answer leaves no store directory behind;
+/// an s3:// store behind a plain-http endpoint names AWS_ALLOW_HTTP.
+#[test]
+fn one_shot_failures_name_the_cause_and_create_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let nobody = unique_ip();
+    let out = Command::new(WARDEN)
+        .args(["snapshot", "--store", &format!("file://{}", store.display())])
+        .args(["--endpoints", &format!("http://{nobody}:2379")])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "etcd at http://{nobody}:2379 does not answer (connection refused): check --endpoints"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        !store.exists(),
+        "snapshot created the store although etcd did not answer"
+    );
+
+    let out = Command::new(WARDEN)
+        .args(["backups", "list", "--store", "s3://bucket/prefix"])
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ENDPOINT", format!("http://{nobody}:9000"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("set AWS_ALLOW_HTTP=true for an s3:// store"),
+        "{stderr}"
     );
 }

@@ -1146,6 +1146,21 @@ fn restore_to_time(etcd: &Path) {
     }
     let (keys, _) = keys_after_restore(&etcd, &store, &[], "");
     assert_eq!(keys, points[2].2, "the latest restore");
+    // A time before every backup: said as a time, with where to look.
+    let early = dir.path().join("restored-early");
+    let (code, out) = restore_cli(
+        &store,
+        &early,
+        &etcd,
+        &ip2,
+        &["--to-time", "2020-01-01T00:00:00Z"],
+    );
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("for the time 2020-01-01T00:00:00.000Z: every backup was written after it"),
+        "{out}"
+    );
+    assert!(!early.exists(), "a failed restore created the target");
 }
 
 /// Ctrl-C while a restore downloads (the store cut halfway, so it waits to retry with a partial

@@ -33,17 +33,18 @@ pub fn describe(key: &[u8], value: &[u8]) -> Option<Object> {
     if let Some(o) = from_protobuf(value).or_else(|| from_json(value)) {
         return Some(o);
     }
-    // Encrypted or unknown: the resource and the last segment of the key.
+    // Encrypted or unknown: the key says it all, `[<group>/]<resource>/[<namespace>/]<name>`
+    // (a group has dots, a resource none).
     let parts: Vec<&str> = path.split('/').collect();
-    let name = (*parts.last()?).to_owned();
-    let resource = parts
-        .iter()
-        .find(|p| !p.contains('.'))
-        .copied()
-        .unwrap_or(parts[0]);
+    let at = parts.iter().position(|p| !p.contains('.')).unwrap_or(0);
+    let (namespace, name) = match &parts[at + 1..] {
+        [ns, name] => (Some((*ns).to_owned()), (*name).to_owned()),
+        [.., name] => (None, (*name).to_owned()),
+        [] => (None, parts[at].to_owned()),
+    };
     Some(Object {
-        kind: resource.to_owned(),
-        namespace: None,
+        kind: parts[at].to_owned(),
+        namespace,
         name,
     })
 }
@@ -113,8 +114,20 @@ mod tests {
         let o = describe(b"/registry/example.com/widgets/ns/w1", json).unwrap();
         assert_eq!(o.to_string(), "Widget ns/w1");
 
-        let o = describe(b"/registry/secrets/shop/a", b"k8s:enc:aescbc:v1:key1:xxxx").unwrap();
-        assert_eq!(o.to_string(), "secrets a");
+        // Encrypted at rest: the key's namespace and name.
+        let enc = b"k8s:enc:aescbc:v1:key1:xxxx";
+        let o = describe(b"/registry/secrets/shop/db-password", enc).unwrap();
+        assert_eq!(o.to_string(), "secrets shop/db-password");
+        let o = describe(b"/registry/namespaces/shop", enc).unwrap();
+        assert_eq!(o.to_string(), "namespaces shop");
+        let o = describe(
+            b"/registry/apiextensions.k8s.io/customresourcedefinitions/widgets.example.com",
+            enc,
+        )
+        .unwrap();
+        assert_eq!(o.to_string(), "customresourcedefinitions widgets.example.com");
+        let o = describe(b"/registry/example.com/widgets/ns/w1", enc).unwrap();
+        assert_eq!(o.to_string(), "widgets ns/w1");
         assert!(describe(b"/other/x", b"").is_none());
     }
 }

@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
@@ -179,10 +179,13 @@ pub async fn restore(
         target => plan::candidates(&fulls, &|c| chains.get(&c).cloned().unwrap_or_default(), target),
     };
     if candidates.is_empty() {
-        let detail = if fulls.is_empty() {
-            String::new()
-        } else {
-            format!(" for {:?}", opts.target)
+        let detail = match (fulls.is_empty(), opts.target) {
+            (true, _) => String::new(),
+            (false, Target::Time(_)) => format!(
+                " for {}: every backup was written after it (`etcd-warden backups list` shows when each was)",
+                opts.target
+            ),
+            (false, target) => format!(" for {target} (`etcd-warden backups list` shows what is there)"),
         };
         return Err(RestoreError::NoBackup {
             url: store.url.to_string(),
@@ -768,11 +771,11 @@ fn sync_tree(root: &Path) {
     }
 }
 
-/// A time for `--to-time`.
+/// A time for `--to-time`: RFC 3339, whose offset (`Z`, `+02:00`) is required; a time without
+/// one would be read in some zone the operator did not choose.
 pub fn parse_time(s: &str) -> Result<u64, String> {
-    humantime::parse_rfc3339_weak(s)
-        .map_err(|e| format!("{s:?}: {e} (write RFC 3339, e.g. 2026-11-29T16:30:00Z)"))?
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .map_err(|_| format!("{s:?}: before 1970"))
+    let t = chrono::DateTime::parse_from_rfc3339(s).map_err(|e| {
+        format!("{s:?}: {e} (write RFC 3339 with its offset, e.g. 2026-11-29T16:30:00Z or 2026-11-29T17:30:00+01:00)")
+    })?;
+    u64::try_from(t.timestamp_millis()).map_err(|_| format!("{s:?}: before 1970"))
 }

@@ -30,6 +30,24 @@ pub enum Target {
     Rollback(SnapshotName),
 }
 
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Latest => f.write_str("the newest backup"),
+            Self::Revision(r) => write!(f, "revision {r}"),
+            Self::Time(ms) => write!(
+                f,
+                "the time {}",
+                humantime::format_rfc3339_millis(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(*ms)
+                )
+            ),
+            Self::Full(c) | Self::ChainAt(c, _) => write!(f, "the chain of the full at revision {}", c.base),
+            Self::Rollback(n) => write!(f, "the rollback point {}", n.key()),
+        }
+    }
+}
+
 /// One way to restore: a full snapshot and the deltas to apply after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {

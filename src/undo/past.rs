@@ -47,7 +47,7 @@ pub async fn state_at(
     let cands = plan::candidates(&fulls, &|c| chains.get(&c).cloned().unwrap_or_default(), target);
     let Some(cand) = cands.into_iter().next() else {
         return Err(format!(
-            "no backup in {} reaches {target:?} (`etcd-warden backups list` shows what is there)",
+            "no backup in {} reaches {target} (`etcd-warden backups list` shows what is there)",
             store.url
         ));
     };
