@@ -951,7 +951,13 @@ fn a_late_member_restores_the_plans_own_point_after_the_restored_cluster_moved_o
         .map(|ip| pki::client_url(ip))
         .collect::<Vec<_>>()
         .join(",");
-    let mut vars = vec![("STORE", store.clone()), ("ENDPOINTS", endpoints)];
+    // ETCDCTL_ENDPOINTS exported too, as docs/cluster.md's check step leaves it: etcdctl exits when
+    // a flag shadows that variable, so the runbook must not pass --endpoints.
+    let mut vars = vec![
+        ("STORE", store.clone()),
+        ("ENDPOINTS", endpoints.clone()),
+        ("ETCDCTL_ENDPOINTS", endpoints),
+    ];
     vars.extend(pki::etcdctl_env(&ips[0]));
     let bins = [Path::new(WARDEN).parent().unwrap(), etcd.parent().unwrap()];
     let out = run_block(
@@ -1014,6 +1020,16 @@ fn a_late_member_restores_the_plans_own_point_after_the_restored_cluster_moved_o
             "status and hash of {ip}:\n{checked}"
         );
     }
+    let revisions: std::collections::BTreeSet<&str> = checked
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("\"Revision\" : "))
+        .collect();
+    assert_eq!(revisions.len(), 1, "one revision on every member:\n{checked}");
+    assert_eq!(
+        checked.matches("\"Revision\" : ").count(),
+        3,
+        "a revision from every member:\n{checked}"
+    );
     let value = etcdctl(&ctl, &ips[2], &["get", "after049", "--print-value-only"]).unwrap();
     assert_eq!(value.trim(), "x");
     let current: serde_json::Value = serde_json::from_slice(

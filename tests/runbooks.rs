@@ -56,6 +56,9 @@ fn the_point_in_time_runbook_runs_as_written() {
         ("PEER_URL", format!("https://{ip}:2380")),
         ("ETCD", etcd.display().to_string()),
         ("POINT", humantime::format_rfc3339_seconds(point).to_string()),
+        // What an operator's shell may have exported (docs/cluster.md does): etcdctl exits when a
+        // flag shadows it, so the runbook does not pass --endpoints.
+        ("ETCDCTL_ENDPOINTS", pki::client_url(&ip)),
     ];
     let bins = [Path::new(WARDEN).parent().unwrap(), etcd.parent().unwrap()];
 
