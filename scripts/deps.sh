@@ -301,6 +301,12 @@ need_promtool() {
     export PROMTOOL_BIN="$root/usr/bin/promtool"
 }
 
+# systemd-analyze (systemd's own unit checker) for the shipped unit's test.
+need_systemd_analyze() {
+    command -v systemd-analyze >/dev/null || apt_install systemd
+    command -v systemd-analyze >/dev/null || die "systemd-analyze still missing after installing systemd"
+}
+
 need_age() {
     command -v age >/dev/null && command -v age-keygen >/dev/null || apt_install age
     command -v age-keygen >/dev/null || die "age-keygen still missing after installing age"

@@ -66,3 +66,66 @@ fn notify_ready_status_watchdog_stopping_and_clean_etcd_env() {
     let stopping_at = msgs.iter().position(|m| m.contains("STOPPING=1")).unwrap();
     assert!(ready_at < stopping_at);
 }
+
+/// The shipped unit (systemd/etcd-warden.service), its binaries pointed at this build and etcd,
+/// passes systemd's own checker without a warning; and a warden started as the unit starts it, with
+/// a bad setting in its EnvironmentFile, exits with a status the unit does not restart on (it
+/// restarted every 5 s on a configuration that cannot get better by itself).
+#[test]
+fn the_shipped_unit_passes_systemd_analyze_and_a_bad_configuration_is_not_restarted() {
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/systemd/etcd-warden.service"
+    ))
+    .unwrap();
+    let etcd = default_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let local = unit
+        .replace("/usr/local/bin/etcd-warden", WARDEN)
+        .replace("-- /usr/bin/etcd", &format!("-- {}", etcd.display()));
+    let path = dir.path().join("etcd-warden.service");
+    std::fs::write(&path, &local).unwrap();
+    let out = std::process::Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze runs (source scripts/deps.sh && need_systemd_analyze)");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "systemd-analyze verify:\n{said}"
+    );
+
+    let key = |k: &str| -> Vec<String> {
+        unit.lines()
+            .filter_map(|l| l.strip_prefix(&format!("{k}=")))
+            .flat_map(|v| v.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            .collect()
+    };
+    assert_eq!(key("Restart"), ["on-failure"]);
+    let prevent = key("RestartPreventExitStatus");
+    // As the unit starts it: its Environment= lines, then a site file with a bad value.
+    let mut cmd = std::process::Command::new(WARDEN);
+    for kv in key("Environment") {
+        if let Some((k, v)) = kv.split_once('=') {
+            cmd.env(k, v);
+        }
+    }
+    let data = dir.path().join("data");
+    cmd.env("ETCD_DATA_DIR", &data)
+        .env("ETCD_WARDEN_ADMIN_SOCKET", dir.path().join("admin.sock"))
+        .env("ETCD_WARDEN_STOP_TIMEOUT", "soon")
+        .args(["run", "--", &etcd.display().to_string()]);
+    let out = cmd.output().unwrap();
+    let code = out.status.code().expect("an exit status").to_string();
+    assert!(
+        prevent.contains(&code),
+        "a bad configuration exits {code}, which the unit restarts on (RestartPreventExitStatus={prevent:?}): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!data.exists(), "a refused configuration created the data dir");
+}
