@@ -48,7 +48,7 @@ fn the_point_in_time_runbook_runs_as_written() {
     });
 
     let data = dir.path().join("data");
-    let vars = vec![
+    let mut vars = vec![
         ("STORE", store.clone()),
         ("ADMIN_SOCKET", socket_arg.clone()),
         ("DATA_DIR", data.display().to_string()),
@@ -60,6 +60,8 @@ fn the_point_in_time_runbook_runs_as_written() {
         // flag shadows it, so the runbook does not pass --endpoints.
         ("ETCDCTL_ENDPOINTS", pki::client_url(&ip)),
     ];
+    // And the TLS files cluster.md exports for the production cluster.
+    vars.extend(pki::etcdctl_env(&ip));
     let bins = [Path::new(WARDEN).parent().unwrap(), etcd.parent().unwrap()];
 
     // Step 2: look before you leap, while the warden still runs.
