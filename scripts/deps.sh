@@ -123,7 +123,8 @@ need_etcd37() {
 # kube-apiserver 1.37.2, built from k8s.io/kubernetes and its staging modules (builders/kube-apiserver,
 # pinned by v1.37.2.mod): the tests that check what Kubernetes itself sees of a restore. The first
 # build takes long (see the README); it is cached in $ETCD_WARDEN_CACHE/kube-apiserver-<release>
-# and rebuilt only when the wrapper or the pin changes. Exports KUBE_APISERVER_BIN.
+# and rebuilt only when the wrapper or the pin changes. kubeadm of the same release is built beside it.
+# Exports KUBE_APISERVER_BIN and KUBEADM_BIN.
 need_kube_apiserver() {
     local version=1.37.2 src root stamp
     src="$(cd "$(dirname "${BASH_SOURCE[0]}")/../builders/kube-apiserver" && pwd)"
@@ -138,15 +139,17 @@ need_kube_apiserver() {
         rm -rf "$root.partial" && mkdir -p "$root.partial"
         (cd "$src" && CGO_ENABLED=0 go build -modfile="v$version.mod" -trimpath \
             -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=v$version -X k8s.io/component-base/version.gitMajor=${version%%.*} -X k8s.io/component-base/version.gitMinor=$(echo "$version" | cut -d. -f2) -X k8s.io/client-go/pkg/version.gitVersion=v$version" \
-            -o "$root.partial/kube-apiserver" ./kube-apiserver >&2) \
-            || die "building kube-apiserver $version from its Go modules failed"
+            -o "$root.partial/" ./kube-apiserver ./kubeadm >&2) \
+            || die "building kube-apiserver and kubeadm $version from their Go modules failed"
         echo "deps: kube-apiserver $version built in $((SECONDS - started)) s" >&2
         echo "$stamp" >"$root.partial/builders.sha256"
         rm -rf "$root" && mv "$root.partial" "$root"
     fi
     "$root/kube-apiserver" --version 2>&1 | grep -E "^Kubernetes v${version//./\\.}\$" >/dev/null \
         || die "$root/kube-apiserver is not kube-apiserver $version (remove $root to build again)"
-    export KUBE_APISERVER_BIN="$root/kube-apiserver"
+    [ "$("$root/kubeadm" version -o short 2>&1)" = "v$version" ] \
+        || die "$root/kubeadm is not kubeadm $version (remove $root to build again)"
+    export KUBE_APISERVER_BIN="$root/kube-apiserver" KUBEADM_BIN="$root/kubeadm"
 }
 
 # Go from Debian sid (golang-1.27-go and its sources), unpacked into a cache: only
