@@ -864,7 +864,15 @@ fn a_leader_cut_off_by_iptables_for_30s_writes_nothing_the_majority_lacks_and_re
             );
             let wrapper = groups.wrapper(i);
             let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
-            let opts = ["--store", store.as_str(), "--delta-snapshot-period", "200ms"];
+            let schedule = common::cluster::quiet_full_schedule();
+            let opts = [
+                "--store",
+                store.as_str(),
+                "--delta-snapshot-period",
+                "200ms",
+                "--full-snapshot-schedule",
+                &schedule,
+            ];
             Some(Warden::builder_with(&wrapper, &ips[i], &opts, &argv).spawn())
         })
         .collect();

@@ -152,6 +152,19 @@ impl Kube {
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{method} {path}: {e}: {text}"))
     }
 
+    /// A list once kube-apiserver serves it: after a restore each resource's watch cache
+    /// relists from etcd, and until it has, kube-apiserver answers 429 "storage is
+    /// (re)initializing" with a Retry-After, as clients (client-go) expect and wait out. Any other
+    /// answer but 200 fails.
+    fn list_when_ready(&self, path: &str) -> serde_json::Value {
+        let body = wait_for(&format!("kube-apiserver to serve {path} (not 429)"), UP, || {
+            let (code, body) = self.req("GET", path, None);
+            assert!(code == 200 || code == 429, "GET {path}: {code} {body}");
+            (code == 200).then_some(body)
+        });
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+    }
+
     /// The events a watch from `rv` delivers within `seconds` (it ends by itself).
     fn watch(&self, path: &str, rv: &str, seconds: u32) -> Vec<serde_json::Value> {
         let (code, text) = self.req(
@@ -265,8 +278,8 @@ fn kube_apiserver_sees_a_crash_restored_by_the_warden_as_newer_and_relists() {
         after > max_before,
         "a resourceVersion handed out after the restore ({after}) is not above the ones before ({max_before})"
     );
-    let cms = kube.json("GET", "/api/v1/namespaces/w/configmaps", None);
-    let secrets = kube.json("GET", "/api/v1/namespaces/w/secrets", None);
+    let cms = kube.list_when_ready("/api/v1/namespaces/w/configmaps");
+    let secrets = kube.list_when_ready("/api/v1/namespaces/w/secrets");
     assert_eq!(
         cms["items"].as_array().map(Vec::len),
         Some(251),
