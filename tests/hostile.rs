@@ -31,6 +31,51 @@ fn framed(header: &serde_json::Value, payload: &[u8], footer: &serde_json::Value
     out
 }
 
+/// A warden with `opts` and a file store under `dir`: a write, a second full by SIGUSR1, five
+/// writes in that chain's deltas, every one in the store; then the node lost. The store's URL and
+/// etcd's last revision.
+fn two_chains(etcd: &std::path::Path, ip: &str, dir: &std::path::Path, opts: &[&str]) -> (String, i64) {
+    let ctl = etcdctl_for(etcd);
+    let (w, store) = warden_with_file_store(etcd, ip, dir, opts);
+    etcdctl(&ctl, ip, &["put", "old", "1"]).unwrap();
+    let fulls = w.status()["backup"]["fulls_total"].as_u64().unwrap();
+    w.signal(nix::sys::signal::Signal::SIGUSR1);
+    wait_for("a second full snapshot", START, || {
+        (w.status()["backup"]["fulls_total"].as_u64() > Some(fulls)).then_some(())
+    });
+    for i in 0..5 {
+        etcdctl(&ctl, ip, &["put", &format!("new{i}"), "v"]).unwrap();
+    }
+    let rev = etcd_revision(&ctl, ip);
+    wait_for(&format!("revision {rev} in the store"), START, || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
+    });
+    kill_node(w, START);
+    (store, rev)
+}
+
+/// A delta payload (uncompressed) of one revision `rev` that puts `forged` = `evil`.
+fn forged_put(rev: i64) -> Vec<u8> {
+    use etcd_warden::snapshot::delta_codec::{Event, EventType, Revision, encode_revision};
+    let mut payload = Vec::new();
+    let event = Event {
+        kind: EventType::Put,
+        key: b"forged".to_vec(),
+        value: b"evil".to_vec(),
+        lease: 0,
+        create_revision: rev,
+        version: 1,
+    };
+    encode_revision(
+        &Revision {
+            revision: rev,
+            events: vec![event],
+        },
+        &mut payload,
+    );
+    payload
+}
+
 /// The header of the object at `path`, as JSON.
 fn header_of(path: &std::path::Path) -> serde_json::Value {
     let bytes = std::fs::read(path).unwrap();
@@ -443,21 +488,7 @@ fn forged_and_renamed_objects_in_an_encrypted_store_are_refused() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = Command::new("age-keygen").arg("-y").arg(&key).output().unwrap();
     let recipient = String::from_utf8(out.stdout).unwrap().trim().to_owned();
-    let (w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &["--encrypt-to", &recipient]);
-    etcdctl(&ctl, &ip, &["put", "old", "1"]).unwrap();
-    let fulls = w.status()["backup"]["fulls_total"].as_u64().unwrap();
-    w.signal(nix::sys::signal::Signal::SIGUSR1);
-    wait_for("a second full snapshot", START, || {
-        (w.status()["backup"]["fulls_total"].as_u64() > Some(fulls)).then_some(())
-    });
-    for i in 0..5 {
-        etcdctl(&ctl, &ip, &["put", &format!("new{i}"), "v"]).unwrap();
-    }
-    let rev = etcd_revision(&ctl, &ip);
-    wait_for(&format!("revision {rev} in the store"), START, || {
-        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
-    });
-    kill_node(w, START);
+    let (store, rev) = two_chains(&etcd, &ip, dir.path(), &["--encrypt-to", &recipient]);
 
     let listed = backups_list(&store, &[]);
     let oldest_full = listed
@@ -500,21 +531,7 @@ fn forged_and_renamed_objects_in_an_encrypted_store_are_refused() {
     header["created"] = "2099-12-31T00:00:02.000Z".into();
     header["compression"] = "none".into();
     header["encryption"] = "plain".into();
-    let mut payload = Vec::new();
-    etcd_warden::snapshot::delta_codec::encode_revision(
-        &etcd_warden::snapshot::delta_codec::Revision {
-            revision: first,
-            events: vec![etcd_warden::snapshot::delta_codec::Event {
-                kind: etcd_warden::snapshot::delta_codec::EventType::Put,
-                key: b"forged".to_vec(),
-                value: b"evil".to_vec(),
-                lease: 0,
-                create_revision: first,
-                version: 1,
-            }],
-        },
-        &mut payload,
-    );
+    let payload = forged_put(first);
     let forged_name = format!("delta-{first:020}-{last:020}-20991231T000000002Z-none-plain.ews");
     let chain_dir = store_path(delta_key).parent().unwrap().to_owned();
     std::fs::write(
@@ -652,21 +669,7 @@ fn a_signed_store_refuses_forged_renamed_and_foreign_objects() {
     let ctl = etcdctl_for(&etcd);
     let (sign, verify_key) = ed25519(dir.path(), "sign");
     let (_, foreign) = ed25519(dir.path(), "foreign");
-    let (w, store) = warden_with_file_store(&etcd, &ip, dir.path(), &["--sign-key", &sign]);
-    etcdctl(&ctl, &ip, &["put", "old", "1"]).unwrap();
-    let fulls = w.status()["backup"]["fulls_total"].as_u64().unwrap();
-    w.signal(nix::sys::signal::Signal::SIGUSR1);
-    wait_for("a second full snapshot", START, || {
-        (w.status()["backup"]["fulls_total"].as_u64() > Some(fulls)).then_some(())
-    });
-    for i in 0..5 {
-        etcdctl(&ctl, &ip, &["put", &format!("new{i}"), "v"]).unwrap();
-    }
-    let rev = etcd_revision(&ctl, &ip);
-    wait_for(&format!("revision {rev} in the store"), START, || {
-        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(rev)).then_some(())
-    });
-    kill_node(w, START);
+    let (store, rev) = two_chains(&etcd, &ip, dir.path(), &["--sign-key", &sign]);
 
     let listed = backups_list(&store, &[]);
     let oldest_full = listed
@@ -703,21 +706,7 @@ fn a_signed_store_refuses_forged_renamed_and_foreign_objects() {
     header["last"] = first.into();
     header["created"] = "2099-12-31T00:00:00.002Z".into();
     header["compression"] = "none".into();
-    let mut payload = Vec::new();
-    etcd_warden::snapshot::delta_codec::encode_revision(
-        &etcd_warden::snapshot::delta_codec::Revision {
-            revision: first,
-            events: vec![etcd_warden::snapshot::delta_codec::Event {
-                kind: etcd_warden::snapshot::delta_codec::EventType::Put,
-                key: b"forged".to_vec(),
-                value: b"evil".to_vec(),
-                lease: 0,
-                create_revision: first,
-                version: 1,
-            }],
-        },
-        &mut payload,
-    );
+    let payload = forged_put(first);
     let forged = format!("delta-{first:020}-{first:020}-20991231T000000002Z-none-plain.ews");
     let chain_dir = root.join(&newest_delta).parent().unwrap().to_owned();
     std::fs::write(

@@ -226,7 +226,7 @@ fn field(out: &mut Vec<u8>, b: &[u8]) {
 }
 
 fn object_message(key: &str, header: &[u8], payload_len: u64, digest: &[u8; 32], footer: &[u8]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(OBJECT_CONTEXT.len() + key.len() + header.len() + footer.len() + 64);
+    let mut m = Vec::new();
     m.extend_from_slice(OBJECT_CONTEXT);
     field(&mut m, signed_name(key).as_bytes());
     field(&mut m, header);
@@ -237,7 +237,7 @@ fn object_message(key: &str, header: &[u8], payload_len: u64, digest: &[u8; 32],
 }
 
 fn record_message(key: &str, json: &[u8]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(RECORD_CONTEXT.len() + key.len() + json.len() + 8);
+    let mut m = Vec::new();
     m.extend_from_slice(RECORD_CONTEXT);
     field(&mut m, signed_name(key).as_bytes());
     field(&mut m, json);
