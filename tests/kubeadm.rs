@@ -5,9 +5,15 @@
 //! the warden.
 #![allow(clippy::disallowed_methods)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
+use common::netns::Netns;
+use common::podman::Podman;
+use common::*;
 use serde_yaml_ng::Value;
 
 fn kubeadm() -> PathBuf {
@@ -61,37 +67,67 @@ fn init_config(patches: &str) -> String {
     docs.join("---\n")
 }
 
+/// A control-plane node's root for kubeadm's `--rootfs`: the shipped patches in
+/// /etcd-warden-patches, the configuration in /kubeadm.yaml, and what kubeadm writes
+/// (/etc/kubernetes/...).
+struct Node {
+    root: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let patches = root.path().join("etcd-warden-patches");
+        std::fs::create_dir(&patches).unwrap();
+        for e in std::fs::read_dir(repo("kubeadm/patches")).unwrap().flatten() {
+            std::fs::copy(e.path(), patches.join(e.file_name())).unwrap();
+        }
+        std::fs::write(
+            root.path().join("kubeadm.yaml"),
+            init_config("/etcd-warden-patches"),
+        )
+        .unwrap();
+        Node { root }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.root.path().join(rel.trim_start_matches('/'))
+    }
+
+    /// `kubeadm ARGS --rootfs ROOT --config /kubeadm.yaml`: what it said; a failure fails the test.
+    fn kubeadm(&self, args: &[&str]) -> String {
+        let out = Command::new(kubeadm())
+            .args(args)
+            .arg("--rootfs")
+            .arg(self.root.path())
+            .args(["--config", "/kubeadm.yaml"])
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "kubeadm {}:\n{said}", args.join(" "));
+        said
+    }
+
+    /// `kubeadm init phase etcd local`: the etcd manifest as kubeadm wrote it, after checking
+    /// that kubeadm applied both shipped patches.
+    fn render_etcd(&self) -> String {
+        let said = self.kubeadm(&["init", "phase", "etcd", "local"]);
+        assert!(
+            said.contains("Applied patch of type \"application/strategic-merge-patch+json\" to target \"etcd\"")
+                && said.contains("Applied patch of type \"application/json-patch+json\" to target \"etcd\""),
+            "kubeadm did not apply both patches:\n{said}"
+        );
+        std::fs::read_to_string(self.path("etc/kubernetes/manifests/etcd.yaml")).unwrap()
+    }
+}
+
 #[test]
 fn kubeadm_renders_the_etcd_pod_with_the_warden_in_front_of_etcd() {
-    let root = tempfile::tempdir().unwrap();
-    let patches = root.path().join("etcd-warden-patches");
-    std::fs::create_dir(&patches).unwrap();
-    for e in std::fs::read_dir(repo("kubeadm/patches")).unwrap().flatten() {
-        std::fs::copy(e.path(), patches.join(e.file_name())).unwrap();
-    }
-    std::fs::write(
-        root.path().join("kubeadm.yaml"),
-        init_config("/etcd-warden-patches"),
-    )
-    .unwrap();
-    let out = Command::new(kubeadm())
-        .args(["init", "phase", "etcd", "local", "--rootfs"])
-        .arg(root.path())
-        .args(["--config", "/kubeadm.yaml"])
-        .output()
-        .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "kubeadm init phase etcd local:\n{said}");
-    assert!(
-        said.contains("Applied patch of type \"application/strategic-merge-patch+json\" to target \"etcd\"")
-            && said.contains("Applied patch of type \"application/json-patch+json\" to target \"etcd\""),
-        "kubeadm did not apply both patches:\n{said}"
-    );
-    let manifest = std::fs::read_to_string(root.path().join("etc/kubernetes/manifests/etcd.yaml")).unwrap();
+    let manifest = Node::new().render_etcd();
     let pod: Value = serde_yaml_ng::from_str(&manifest).unwrap();
     let c = &pod["spec"]["containers"][0];
     let command: Vec<&str> = c["command"]
@@ -138,6 +174,12 @@ fn kubeadm_renders_the_etcd_pod_with_the_warden_in_front_of_etcd() {
         .map(|e| (e["name"].as_str().unwrap(), e["value"].as_str().unwrap()))
         .collect();
     assert!(env.contains(&("ETCD_WARDEN_LISTEN", "127.0.0.1:2378")), "{env:?}");
+    // The store on the data volume, not in the image's own /var/lib/etcd-backups, which no
+    // volume backs here: it would go with the container.
+    assert!(
+        env.contains(&("ETCD_WARDEN_STORE", "file:///var/lib/etcd/data.backups")),
+        "{env:?}"
+    );
     assert_eq!(
         pod["spec"]["terminationGracePeriodSeconds"].as_u64(),
         Some(90),
@@ -163,4 +205,190 @@ fn kubeadm_renders_the_etcd_pod_with_the_warden_in_front_of_etcd() {
         .find(|v| v["name"] == "etcd-data")
         .unwrap();
     assert_eq!(volume["hostPath"]["path"].as_str(), Some("/var/lib/etcd"));
+}
+
+/// kubeadm's etcd flags name the node's address, 10.0.0.11 (init_config).
+const NODE_IP: &str = "10.0.0.11";
+/// The image name the shipped patch gives; the test tags its image so.
+const IMAGE: &str = "registry.example.com/etcd-warden:VERSION";
+
+/// The start-up window of the container `c`: how long the kubelet lets its startupProbe fail
+/// before it kills the container (kubeadm's initialDelaySeconds + failureThreshold × periodSeconds).
+fn startup_window(c: &Value) -> Duration {
+    let p = &c["startupProbe"];
+    let n = |k: &str, default: u64| p[k].as_u64().unwrap_or(default);
+    Duration::from_secs(n("initialDelaySeconds", 0) + n("failureThreshold", 3) * n("periodSeconds", 10))
+}
+
+/// `etcdctl ARGS` inside `ns` against kubeadm's etcd, with kubeadm's own client certificate (the
+/// one its health checks use).
+fn kubeadm_etcdctl(ns: &Netns, node: &Node, args: &[&str]) -> Result<String, String> {
+    let pki = node.path("etc/kubernetes/pki/etcd");
+    let out = ns
+        .cmd(etcdctl_for(&default_etcd()).to_str().unwrap())
+        .arg("--endpoints=https://127.0.0.1:2379")
+        .arg(format!("--cacert={}", pki.join("ca.crt").display()))
+        .arg(format!("--cert={}", pki.join("healthcheck-client.crt").display()))
+        .arg(format!("--key={}", pki.join("healthcheck-client.key").display()))
+        .args(["--command-timeout=5s", "--dial-timeout=3s"])
+        .args(args)
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// `/readyz` of the warden inside `ns` (127.0.0.1:2378, as the patch sets it).
+fn ready(ns: &Netns) -> Option<(u16, String)> {
+    ns.run(|| http_get("127.0.0.1:2378", "/readyz"))
+}
+
+/// The pod kubeadm rendered, run by a real Pod runner: Podman's `kube play` (the kubelet needs a
+/// systemd and a CRI runtime these machines lack; see docs/kubernetes.md), with the image
+/// scripts/container-image builds tagged as the patch names it, in a network namespace of the
+/// test's own (kubeadm's ports are fixed) holding the node's address. Only the host side of the
+/// hostPath volumes moves into the test's root; the container sees kubeadm's paths. Driven as a
+/// kubelet would: the pod comes ready; etcd killed inside is restarted by the warden with every
+/// write; a deletion (SIGTERM, kubeadm's grace) stops it gracefully; the data dir deleted on the
+/// node is restored at the next start from the store on the data volume, within the startup
+/// probe's window, with every acknowledged write.
+#[test]
+fn the_pod_kubeadm_renders_runs_under_podman_and_survives_etcd_killed_and_the_data_dir_lost() {
+    let node = Node::new();
+    for cert in ["etcd-ca", "etcd-server", "etcd-peer", "etcd-healthcheck-client"] {
+        node.kubeadm(&["init", "phase", "certs", cert]);
+    }
+    let manifest = node.render_etcd();
+    let mut pod: Value = serde_yaml_ng::from_str(&manifest).unwrap();
+    let window = startup_window(&pod["spec"]["containers"][0]);
+    let grace = pod["spec"]["terminationGracePeriodSeconds"].as_u64().unwrap();
+    for v in pod["spec"]["volumes"].as_sequence_mut().unwrap() {
+        let host = v["hostPath"]["path"].as_str().unwrap().to_owned();
+        let moved = node.path(&host);
+        std::fs::create_dir_all(&moved).unwrap();
+        v["hostPath"]["path"] = moved.display().to_string().into();
+    }
+    let pod_yaml = node.path("pod.yaml");
+    std::fs::write(&pod_yaml, serde_yaml_ng::to_string(&pod).unwrap()).unwrap();
+    let pod_yaml = pod_yaml.to_str().unwrap();
+    let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
+    let ctr = format!("{name}-etcd");
+
+    let ns = Netns::new(&[NODE_IP]);
+    let mut podman = Podman::new().in_netns(ns.pid());
+    podman.build_image(IMAGE);
+    let play = |podman: &mut Podman| {
+        podman.pods.push(name.clone());
+        let t = Instant::now();
+        podman.run(&["kube", "play", pod_yaml]);
+        wait_for(
+            &format!("the warden of pod {name} to answer /readyz 200 within the startup window {window:?}"),
+            window,
+            || match ready(&ns) {
+                Some((200, _)) => Some(()),
+                _ => {
+                    let state = podman.inspect(&ctr, "{{.State.Status}}");
+                    assert_eq!(state, "running", "container {ctr} is {state} before it was ready");
+                    None
+                }
+            },
+        );
+        t.elapsed()
+    };
+    let first = play(&mut podman);
+    eprintln!("kube play → /readyz 200: {first:?} (window {window:?})");
+
+    let mut acked = Vec::new();
+    let write = |acked: &mut Vec<String>, from: usize, to: usize| {
+        for i in from..to {
+            let key = format!("/registry/configmaps/w/c{i:03}");
+            if kubeadm_etcdctl(&ns, &node, &["put", &key, "v"]).is_ok() {
+                acked.push(key);
+            }
+        }
+    };
+    write(&mut acked, 0, 20);
+    assert_eq!(acked.len(), 20, "writes through kubeadm's etcd failed");
+
+    // etcd killed inside the pod: the warden (the container's init) starts it again.
+    let warden: i32 = podman
+        .inspect(&ctr, "{{.State.Pid}}")
+        .parse()
+        .expect("podman inspect .State.Pid");
+    let etcd = children_of(warden)
+        .into_iter()
+        .find(|(_, _, comm)| comm == "etcd")
+        .map(|(pid, _, _)| pid)
+        .unwrap_or_else(|| panic!("no etcd under the warden {warden}: {:?}", children_of(warden)));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(etcd),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_for(
+        "a new etcd under the warden, ready again, after etcd was killed",
+        Duration::from_secs(60),
+        || {
+            let again = children_of(warden)
+                .into_iter()
+                .any(|(pid, _, comm)| comm == "etcd" && pid != etcd);
+            (again && matches!(ready(&ns), Some((200, _)))).then_some(())
+        },
+    );
+    assert_eq!(
+        podman.inspect(&ctr, "{{.State.Pid}}"),
+        warden.to_string(),
+        "the container was restarted, not etcd alone"
+    );
+    write(&mut acked, 20, 40);
+
+    // The pod deleted: SIGTERM and kubeadm's grace, as the kubelet stops it.
+    let t = Instant::now();
+    podman.run(&["pod", "stop", "--time", &grace.to_string(), &name]);
+    let stop_took = t.elapsed();
+    let log = podman.logs(&ctr);
+    assert_eq!(
+        podman.inspect(&ctr, "{{.State.ExitCode}}"),
+        "143",
+        "etcd's graceful status, not a kill:\n{log}"
+    );
+    let kills: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("signalled etcd") && l.contains("SIGKILL"))
+        .collect();
+    assert!(
+        log.contains("signalled etcd") && kills.is_empty(),
+        "no graceful stop of etcd (SIGTERM, no SIGKILL): {kills:?}\n{log}"
+    );
+    podman.run(&["kube", "down", pod_yaml]);
+    podman.pods.retain(|p| *p != name);
+
+    // The node's data dir lost; the backups stay on the data volume beside it.
+    let data = node.path("var/lib/etcd/data");
+    assert!(data.join("member").is_dir(), "etcd's data is not where kubeadm's dataDir says");
+    assert!(
+        node.path("var/lib/etcd/data.backups").is_dir(),
+        "no store on the data volume"
+    );
+    std::fs::remove_dir_all(&data).unwrap();
+    let second = play(&mut podman);
+    eprintln!("kube play with the data dir lost → /readyz 200: {second:?}; graceful stop {stop_took:?}");
+    let log = podman.logs(&ctr);
+    let restored = log
+        .lines()
+        .find(|l| l.contains("data dir restored"))
+        .unwrap_or_else(|| panic!("no restore at the pod's start:\n{log}"));
+    eprintln!("{restored}");
+    let mut found: Vec<String> = kubeadm_etcdctl(&ns, &node, &["get", "/registry/", "--prefix", "--keys-only"])
+        .expect("read back after the restore")
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    found.sort();
+    assert_none_lost(&acked, &found, "the restore at the pod's start");
+    podman.run(&["pod", "stop", "--time", &grace.to_string(), &name]);
 }

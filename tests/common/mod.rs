@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod dns;
+pub mod netns;
 pub mod pki;
+pub mod podman;
 pub mod prod;
 pub mod stores;
 
