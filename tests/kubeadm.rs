@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::kube::{Kube, openssl};
 use common::netns::Netns;
 use common::podman::Podman;
 use common::*;
@@ -31,38 +32,89 @@ fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
-/// kubeadm's configuration for `init` on this node: the shipped lines, with the patches where the
-/// root has them and the node's own address and name, as an operator's configuration adds them.
-fn init_config(patches: &str) -> String {
+/// How a node comes into the cluster: `kubeadm init` (the first control-plane node) or `kubeadm
+/// join --control-plane` (the others).
+#[derive(Clone, Copy, PartialEq)]
+enum Role {
+    Init,
+    Join,
+}
+
+/// The patches directory inside a node's root.
+const PATCHES: &str = "/etcd-warden-patches";
+
+/// kubeadm's configuration on a node: the shipped lines, each naming the patches where the
+/// root has them, with the node's own name and address added as an operator's configuration
+/// adds them. `init` keeps the InitConfiguration (a JoinConfiguration beside it is refused);
+/// `join` keeps the JoinConfiguration, discovering the cluster from /etc/kubernetes/discovery.conf
+/// (the ClusterConfiguration then comes from the cluster, as kubeadm init uploaded it).
+fn node_config(role: Role, name: &str, ip: &str) -> String {
     let shipped = std::fs::read_to_string(repo("kubeadm/kubeadm-config.yaml")).unwrap();
     let mut docs = Vec::new();
+    let map = |pairs: &[(&str, Value)]| {
+        let mut m = serde_yaml_ng::Mapping::new();
+        for (k, v) in pairs {
+            m.insert((*k).into(), v.clone());
+        }
+        Value::Mapping(m)
+    };
+    let mut kinds = Vec::new();
     for doc in shipped.split("\n---\n") {
         let mut v: Value = serde_yaml_ng::from_str(doc).unwrap();
-        match v["kind"].as_str() {
-            Some("InitConfiguration") => {
+        let kind = v["kind"].as_str().unwrap_or_default().to_owned();
+        kinds.push(kind.clone());
+        let node = map(&[("name", name.into())]);
+        match kind.as_str() {
+            "InitConfiguration" | "JoinConfiguration" => {
                 assert!(
                     v["patches"]["directory"].is_string(),
-                    "the shipped InitConfiguration names the patches: {doc}"
+                    "the shipped {kind} names the patches: {doc}"
                 );
-                v["patches"]["directory"] = patches.into();
-                let mut endpoint = serde_yaml_ng::Mapping::new();
-                endpoint.insert("advertiseAddress".into(), "10.0.0.11".into());
-                v["localAPIEndpoint"] = Value::Mapping(endpoint);
-                let mut node = serde_yaml_ng::Mapping::new();
-                node.insert("name".into(), "cp-1".into());
-                v["nodeRegistration"] = Value::Mapping(node);
+                v["patches"]["directory"] = PATCHES.into();
+                v["nodeRegistration"] = node;
+                let endpoint = map(&[("advertiseAddress", ip.into()), ("bindPort", 6443.into())]);
+                if kind == "InitConfiguration" {
+                    if role != Role::Init {
+                        continue;
+                    }
+                    v["localAPIEndpoint"] = endpoint;
+                } else {
+                    if role != Role::Join {
+                        continue;
+                    }
+                    v["controlPlane"] = map(&[("localAPIEndpoint", endpoint)]);
+                    v["discovery"] = map(&[(
+                        "file",
+                        map(&[("kubeConfigPath", "/etc/kubernetes/discovery.conf".into())]),
+                    )]);
+                }
             }
-            // `join` reads this one; `init` would refuse it beside an InitConfiguration.
-            Some("JoinConfiguration") => {
-                assert!(
-                    v["patches"]["directory"].is_string(),
-                    "the shipped JoinConfiguration names the patches: {doc}"
-                );
-                continue;
+            // `kubeadm upgrade apply|node --config`: the patches for the manifests it writes again.
+            "UpgradeConfiguration" => {
+                for part in ["apply", "node"] {
+                    assert!(
+                        v[part]["patches"]["directory"].is_string(),
+                        "the shipped UpgradeConfiguration names the patches for `upgrade {part}`: {doc}"
+                    );
+                    v[part]["patches"]["directory"] = PATCHES.into();
+                }
             }
+            // Uploaded by `init`; `join` and the upgrades read it back from the cluster.
+            "ClusterConfiguration" if role == Role::Join => continue,
             _ => {}
         }
         docs.push(serde_yaml_ng::to_string(&v).unwrap());
+    }
+    for kind in [
+        "InitConfiguration",
+        "JoinConfiguration",
+        "ClusterConfiguration",
+        "UpgradeConfiguration",
+    ] {
+        assert!(
+            kinds.iter().any(|k| k == kind),
+            "kubeadm/kubeadm-config.yaml has no {kind}"
+        );
     }
     docs.join("---\n")
 }
@@ -76,17 +128,18 @@ struct Node {
 
 impl Node {
     fn new() -> Self {
+        Self::with(Role::Init, "cp-1", NODE_IP)
+    }
+
+    fn with(role: Role, name: &str, ip: &str) -> Self {
         let root = tempfile::tempdir().unwrap();
-        let patches = root.path().join("etcd-warden-patches");
+        let patches = root.path().join(PATCHES.trim_start_matches('/'));
         std::fs::create_dir(&patches).unwrap();
         for e in std::fs::read_dir(repo("kubeadm/patches")).unwrap().flatten() {
             std::fs::copy(e.path(), patches.join(e.file_name())).unwrap();
         }
-        std::fs::write(
-            root.path().join("kubeadm.yaml"),
-            init_config("/etcd-warden-patches"),
-        )
-        .unwrap();
+        std::fs::write(root.path().join("kubeadm.yaml"), node_config(role, name, ip)).unwrap();
+        std::fs::create_dir_all(root.path().join("etc/kubernetes/manifests")).unwrap();
         Node { root }
     }
 
@@ -96,11 +149,19 @@ impl Node {
 
     /// `kubeadm ARGS --rootfs ROOT --config /kubeadm.yaml`: what it said; a failure fails the test.
     fn kubeadm(&self, args: &[&str]) -> String {
-        let out = Command::new(kubeadm())
+        self.kubeadm_env(args, &[])
+    }
+
+    /// The same with variables set; bounded in time (discovery retries for minutes).
+    fn kubeadm_env(&self, args: &[&str], vars: &[(&str, &str)]) -> String {
+        let out = Command::new("timeout")
+            .args(["-s", "KILL", "120"])
+            .arg(kubeadm())
             .args(args)
             .arg("--rootfs")
             .arg(self.root.path())
             .args(["--config", "/kubeadm.yaml"])
+            .envs(vars.iter().copied())
             .output()
             .unwrap();
         let said = format!(
@@ -108,7 +169,12 @@ impl Node {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(out.status.success(), "kubeadm {}:\n{said}", args.join(" "));
+        assert!(
+            out.status.success(),
+            "kubeadm {} ({}):\n{said}",
+            args.join(" "),
+            out.status
+        );
         said
     }
 
@@ -116,13 +182,28 @@ impl Node {
     /// that kubeadm applied both shipped patches.
     fn render_etcd(&self) -> String {
         let said = self.kubeadm(&["init", "phase", "etcd", "local"]);
-        assert!(
-            said.contains("Applied patch of type \"application/strategic-merge-patch+json\" to target \"etcd\"")
-                && said.contains("Applied patch of type \"application/json-patch+json\" to target \"etcd\""),
-            "kubeadm did not apply both patches:\n{said}"
-        );
+        assert_patched(&said);
         std::fs::read_to_string(self.path("etc/kubernetes/manifests/etcd.yaml")).unwrap()
     }
+}
+
+/// kubeadm said it applied both shipped patches to the etcd manifest.
+fn assert_patched(said: &str) {
+    assert!(
+        said.contains("Applied patch of type \"application/strategic-merge-patch+json\" to target \"etcd\"")
+            && said.contains("Applied patch of type \"application/json-patch+json\" to target \"etcd\""),
+        "kubeadm did not apply both patches:\n{said}"
+    );
+}
+
+/// The etcd container's command line of a rendered manifest.
+fn command_of(pod: &Value) -> Vec<String> {
+    pod["spec"]["containers"][0]["command"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect()
 }
 
 #[test]
@@ -152,7 +233,8 @@ fn kubeadm_renders_the_etcd_pod_with_the_warden_in_front_of_etcd() {
     }
     assert_eq!(
         c["image"].as_str(),
-        Some("registry.example.com/etcd-warden:VERSION")
+        Some(IMAGE),
+        "the image's tag is the etcd version inside, which `kubeadm upgrade` compares"
     );
     let probe = |name: &str| {
         (
@@ -210,7 +292,7 @@ fn kubeadm_renders_the_etcd_pod_with_the_warden_in_front_of_etcd() {
 /// kubeadm's etcd flags name the node's address, 10.0.0.11 (init_config).
 const NODE_IP: &str = "10.0.0.11";
 /// The image name the shipped patch gives; the test tags its image so.
-const IMAGE: &str = "registry.example.com/etcd-warden:VERSION";
+const IMAGE: &str = "registry.example.com/etcd-warden:3.6.16-0";
 
 /// The start-up window of the container `c`: how long the kubelet lets its startupProbe fail
 /// before it kills the container (kubeadm's initialDelaySeconds + failureThreshold × periodSeconds).
@@ -368,7 +450,10 @@ fn the_pod_kubeadm_renders_runs_under_podman_and_survives_etcd_killed_and_the_da
 
     // The node's data dir lost; the backups stay on the data volume beside it.
     let data = node.path("var/lib/etcd/data");
-    assert!(data.join("member").is_dir(), "etcd's data is not where kubeadm's dataDir says");
+    assert!(
+        data.join("member").is_dir(),
+        "etcd's data is not where kubeadm's dataDir says"
+    );
     assert!(
         node.path("var/lib/etcd/data.backups").is_dir(),
         "no store on the data volume"
@@ -382,13 +467,219 @@ fn the_pod_kubeadm_renders_runs_under_podman_and_survives_etcd_killed_and_the_da
         .find(|l| l.contains("data dir restored"))
         .unwrap_or_else(|| panic!("no restore at the pod's start:\n{log}"));
     eprintln!("{restored}");
-    let mut found: Vec<String> = kubeadm_etcdctl(&ns, &node, &["get", "/registry/", "--prefix", "--keys-only"])
-        .expect("read back after the restore")
-        .lines()
-        .filter(|l| !l.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let mut found: Vec<String> =
+        kubeadm_etcdctl(&ns, &node, &["get", "/registry/", "--prefix", "--keys-only"])
+            .expect("read back after the restore")
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect();
     found.sort();
     assert_none_lost(&acked, &found, "the restore at the pod's start");
     podman.run(&["pod", "stop", "--time", &grace.to_string(), &name]);
+}
+
+/// A kubelet's kubeconfig for `name` at `path`: kubeadm reads the node's name from its client
+/// certificate (`system:node:NAME`).
+fn kubelet_conf(path: &Path, name: &str, server: &str) {
+    let dir = path.parent().unwrap();
+    openssl(
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "kubelet.key",
+            "-out",
+            "kubelet.crt",
+            "-days",
+            "1",
+            "-subj",
+            &format!("/O=system:nodes/CN=system:node:{name}"),
+        ],
+        dir,
+    );
+    let b64 = |f: &str| {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(dir.join(f)).unwrap())
+    };
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: kubernetes\n  cluster: {{server: {server}, insecure-skip-tls-verify: true}}\ncontexts:\n- name: node\n  context: {{cluster: kubernetes, user: node}}\ncurrent-context: node\nusers:\n- name: node\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n",
+            b64("kubelet.crt"),
+            b64("kubelet.key")
+        ),
+    )
+    .unwrap();
+}
+
+/// kubeadm's other ways to write the etcd manifest, against a real kube-apiserver (over the
+/// warden's etcd) holding what `kubeadm init` uploads:
+/// - `kubeadm join --control-plane` (its dry run, which renders the manifest it would write)
+///   puts the warden in front of etcd on the dataDir it reads back from the cluster, with the
+///   JoinConfiguration's patches;
+/// - `kubeadm upgrade apply` and `kubeadm upgrade node` given the shipped file read the patches
+///   from its UpgradeConfiguration. Their dry runs render the control plane only; for etcd the
+///   real upgrade calls the renderer `init` uses (`CreateLocalEtcdStaticPodManifestFile`, in
+///   kubeadm's phases/upgrade/staticpods.go) with this same directory and the cluster's
+///   ClusterConfiguration, which the first test and the join cover.
+#[test]
+fn kubeadm_join_and_both_upgrades_write_the_warden_from_the_cluster_configuration_and_the_patches() {
+    // kubeadm refuses a loopback address for the node, so the node's address (kube-apiserver's,
+    // the warden's and etcd's) lives in a network namespace of the test's own, and the whole
+    // test runs there.
+    let ns = Netns::new(&[NODE_IP]);
+    ns.run(|| join_and_upgrades(NODE_IP));
+}
+
+fn join_and_upgrades(ip: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let (_warden, _store) = warden_with_file_store(&default_etcd(), ip, dir.path(), &[]);
+    let kube = Kube::start(ip, &[ip.to_owned()]);
+    let admin = ["--kubeconfig", "/etc/kubernetes/admin.conf"];
+
+    // cp-1, after `kubeadm init`: what init uploads (its ClusterConfiguration, the kubelets'
+    // configuration, the cluster-info `join` discovers) and the manifests it wrote. Its address
+    // is kube-apiserver's: kubeadm init talks to the API server on the node's own address.
+    let cp1 = Node::with(Role::Init, "cp-1", ip);
+    kube.write_kubeconfig(&cp1.path("etc/kubernetes/admin.conf"));
+    for phase in [
+        &["upload-config", "kubeadm"][..],
+        &["upload-config", "kubelet"],
+        &["bootstrap-token", "--skip-token-print"],
+    ] {
+        let args: Vec<&str> = ["init", "phase"]
+            .iter()
+            .chain(phase)
+            .chain(&admin)
+            .copied()
+            .collect();
+        cp1.kubeadm(&args);
+    }
+    let cm = kube.json(
+        "GET",
+        "/api/v1/namespaces/kube-system/configmaps/kubeadm-config",
+        None,
+    );
+    assert!(
+        cm["data"]["ClusterConfiguration"]
+            .as_str()
+            .is_some_and(|c| c.contains("dataDir: /var/lib/etcd/data")),
+        "kubeadm uploaded no dataDir of the warden's layout: {cm}"
+    );
+    cp1.kubeadm(&["init", "phase", "control-plane", "all"]);
+    let etcd_before = cp1.render_etcd();
+
+    // cp-2 joins as a control-plane node. The phases skipped need a kubelet, a container
+    // runtime, or write the node's own certificates and kubeconfigs (a dry run would refuse the
+    // admin.conf given to it).
+    let cp2 = Node::with(Role::Join, "cp-2", "10.0.0.12");
+    kube.write_kubeconfig(&cp2.path("etc/kubernetes/discovery.conf"));
+    std::fs::create_dir_all(cp2.path("dry")).unwrap();
+    kube.write_kubeconfig(&cp2.path("dry/admin.conf"));
+    let said = cp2.kubeadm_env(
+        &[
+            "join",
+            "--dry-run",
+            "--skip-phases=preflight,control-plane-prepare,kubelet-start,kubelet-wait-bootstrap,wait-control-plane",
+        ],
+        &[("KUBEADM_JOIN_DRYRUN_DIR", "/dry")],
+    );
+    assert_patched(&said);
+    assert!(
+        said.contains("[etcd] Would add etcd member: https://10.0.0.12:2380"),
+        "{said}"
+    );
+    let joined = std::fs::read_to_string(cp2.path("dry/etcd.yaml"))
+        .unwrap_or_else(|e| panic!("kubeadm join wrote no etcd manifest ({e}):\n{said}"));
+    let pod: Value = serde_yaml_ng::from_str(&joined).unwrap();
+    let command = command_of(&pod);
+    assert_eq!(command[..4], ["etcd-warden", "run", "--", "etcd"], "{joined}");
+    for flag in [
+        "--data-dir=/var/lib/etcd/data",
+        "--name=cp-2",
+        "--initial-advertise-peer-urls=https://10.0.0.12:2380",
+    ] {
+        assert!(
+            command.iter().any(|c| c == flag),
+            "the joined manifest lacks {flag}: {command:?}"
+        );
+    }
+    let c = &pod["spec"]["containers"][0];
+    assert_eq!(
+        c["readinessProbe"]["httpGet"]["port"].as_u64(),
+        Some(2378),
+        "{joined}"
+    );
+    assert_eq!(
+        c["startupProbe"]["httpGet"]["path"].as_str(),
+        Some("/livez"),
+        "{joined}"
+    );
+
+    // Upgrades on cp-1: the node as kubeadm finds it in the cluster (its Node with the kubelet's
+    // version, its kube-apiserver's mirror pod with the advertised endpoint, its kubelet.conf).
+    kube.json(
+        "POST",
+        "/api/v1/namespaces/kube-system/serviceaccounts",
+        Some(&serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}})),
+    );
+    kube.json(
+        "POST",
+        "/api/v1/nodes",
+        Some(&serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cp-1"}})),
+    );
+    let (code, body) = kube.req_with(
+        "PATCH",
+        "/api/v1/nodes/cp-1/status",
+        "application/merge-patch+json",
+        &serde_json::json!({"status": {"nodeInfo": {"kubeletVersion": "v1.37.2"}}}),
+    );
+    assert_eq!(code, 200, "{body}");
+    kube.json(
+        "POST",
+        "/api/v1/namespaces/kube-system/pods",
+        Some(&serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "kube-apiserver-cp-1",
+                "labels": {"component": "kube-apiserver", "tier": "control-plane"},
+                "annotations": {"kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint": format!("{ip}:6443")}},
+            "spec": {"nodeName": "cp-1", "containers": [{"name": "kube-apiserver", "image": "registry.k8s.io/kube-apiserver:v1.37.2"}]}})),
+    );
+    kubelet_conf(&cp1.path("etc/kubernetes/kubelet.conf"), "cp-1", &kube.url);
+    for (what, args, dry) in [
+        (
+            "upgrade node",
+            &["upgrade", "node", "--dry-run", "--ignore-preflight-errors=all"][..],
+            ("KUBEADM_UPGRADE_DRYRUN_DIR", "/dry-node"),
+        ),
+        (
+            "upgrade apply",
+            &[
+                "upgrade",
+                "apply",
+                "v1.37.2",
+                "--dry-run",
+                "--yes",
+                "--ignore-preflight-errors=all",
+            ],
+            ("KUBEADM_UPGRADE_DRYRUN_DIR", "/dry-apply"),
+        ),
+    ] {
+        let said = cp1.kubeadm_env(args, &[dry]);
+        assert!(
+            said.contains(&format!("[patches] Reading patches from path \"{PATCHES}\""))
+                && said.contains("Found the following patch files: [etcd0+strategic.yaml etcd1+json.json]"),
+            "`kubeadm {what} --config` did not take the shipped patches:\n{said}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(cp1.path("etc/kubernetes/manifests/etcd.yaml")).unwrap(),
+        etcd_before,
+        "a dry run changed the etcd manifest"
+    );
 }

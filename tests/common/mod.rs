@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod dns;
+pub mod kube;
 pub mod netns;
 pub mod pki;
 pub mod podman;
