@@ -12,6 +12,7 @@
 #   need_etcd37  etcd 3.7.3 the same way; exports ETCD37_BIN
 #   need_age     the age CLI (Debian's age): the encryption tests decrypt a payload with it
 #   need_podman  podman + runc, musl-tools and rustup's musl target: the container test
+#   need_nspawn  systemd-nspawn and a Debian 12 tree with systemd (mmdebstrap): the unit under a real systemd; exports NSPAWN_ROOT
 #   need_go      Go from Debian sid (scripts/gbr-fixture only); exports GOROOT, PATH
 set -euo pipefail
 
@@ -257,19 +258,22 @@ need_azurite() {
     python3 -c 'import azure.storage.blob' || die "azure-storage-blob could not be installed"
 }
 
-# A real container for tests/container.rs: Debian's podman run with runc (crun fails on these machines'
-# cgroup layout), musl-tools and rustup's musl target for the static warden, and busybox-static for a
+# A real container for tests/container.rs and a pod for tests/kubeadm.rs: Debian's podman run with
+# runc (crun fails on these machines' cgroup layout), catatonit for the pods' infra container,
+# musl-tools and rustup's musl target for the static warden, and busybox-static for a
 # shell inside the FROM-scratch test image (scripts/container-image).
 need_podman() {
     command -v rustup >/dev/null || die "rustup not found: the static warden needs rustup's x86_64-unknown-linux-musl target"
     local missing=()
     command -v podman >/dev/null || missing+=(podman)
     command -v runc >/dev/null || missing+=(runc)
+    command -v catatonit >/dev/null || missing+=(catatonit)
     command -v musl-gcc >/dev/null || missing+=(musl-tools)
     dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep "install ok installed" >/dev/null || missing+=(busybox-static)
     if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
     command -v podman >/dev/null || die "podman still missing after installing it"
     command -v runc >/dev/null || die "runc still missing after installing it"
+    command -v catatonit >/dev/null || die "catatonit (the init of podman's pod infra image) still missing after installing it"
     command -v musl-gcc >/dev/null || die "musl-gcc still missing after installing musl-tools"
     command -v busybox >/dev/null || die "busybox still missing after installing busybox-static"
     if ! rustup target list --installed | grep -x x86_64-unknown-linux-musl >/dev/null; then
@@ -308,6 +312,32 @@ need_promtool() {
 need_systemd_analyze() {
     command -v systemd-analyze >/dev/null || apt_install systemd
     command -v systemd-analyze >/dev/null || die "systemd-analyze still missing after installing systemd"
+}
+
+# A Debian 12 tree that boots systemd as PID 1 under systemd-nspawn, for the shipped unit's test under a
+# real systemd (tests/systemd.rs): mmdebstrap's minbase with systemd, systemd-sysv and dbus, built once
+# from Debian's packages (about 20 s) into $ETCD_WARDEN_CACHE/nspawn-bookworm. Tests never write to it:
+# they boot it with --volatile=overlay. The test enters the container with nsenter and setpriv
+# (util-linux) and gives its loopback an address with the host's ip (iproute2). Exports NSPAWN_ROOT.
+need_nspawn() {
+    local missing=()
+    command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+    command -v systemd-nspawn >/dev/null || missing+=(systemd-container)
+    command -v nsenter >/dev/null && command -v setpriv >/dev/null || missing+=(util-linux)
+    command -v ip >/dev/null || missing+=(iproute2)
+    if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+    command -v mmdebstrap >/dev/null || die "mmdebstrap still missing after installing it"
+    command -v systemd-nspawn >/dev/null || die "systemd-nspawn still missing after installing systemd-container"
+    local root="${ETCD_WARDEN_CACHE:-$HOME/.cache/etcd-warden}/nspawn-bookworm"
+    if [ ! -x "$root/lib/systemd/systemd" ]; then
+        echo "deps: a Debian bookworm tree with systemd (mmdebstrap into $root)" >&2
+        rm -rf "$root.partial"
+        mmdebstrap --quiet --variant=minbase --include=systemd,systemd-sysv,dbus bookworm "$root.partial" \
+            http://deb.debian.org/debian >&2 || die "mmdebstrap of Debian bookworm into $root.partial failed"
+        rm -rf "$root" && mv "$root.partial" "$root"
+    fi
+    [ -x "$root/lib/systemd/systemd" ] || die "$root has no /lib/systemd/systemd (remove $root to build again)"
+    export NSPAWN_ROOT="$root"
 }
 
 need_age() {

@@ -45,11 +45,7 @@ impl Netns {
     }
 
     fn ip(&self, args: &[&str]) {
-        let out = self
-            .cmd("ip")
-            .args(args)
-            .output()
-            .expect("ip (iproute2) runs");
+        let out = self.cmd("ip").args(args).output().expect("ip (iproute2) runs");
         assert!(
             out.status.success(),
             "ip {} in the test's namespace: {}",
