@@ -15,9 +15,9 @@ use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::backup::BackupConfig;
 use crate::etcd::{ClientConfig, EtcdArgs, TlsOverrides};
 use crate::ownership::{Lookup, OwnershipConfig};
-use crate::snapshot::backup::BackupConfig;
 use crate::store::StoreUrl;
 use crate::store::layout::Compression;
 use crate::supervisor::{Launch, Policy};
@@ -1048,12 +1048,10 @@ impl RunConfig {
             o.sign_key.as_deref(),
         )?;
         let defrag_schedule = match &o.defrag_schedule {
-            Some(v) => Some(
-                crate::snapshot::backup::parse_cron(v).map_err(|e| ConfigError::Invalid {
-                    option: "defrag-schedule",
-                    reason: format!("{v:?}: {e} (write cron fields, e.g. \"30 4 * * *\" for 04:30 daily)"),
-                })?,
-            ),
+            Some(v) => Some(crate::backup::parse_cron(v).map_err(|e| ConfigError::Invalid {
+                option: "defrag-schedule",
+                reason: format!("{v:?}: {e} (write cron fields, e.g. \"30 4 * * *\" for 04:30 daily)"),
+            })?),
             None => None,
         };
         if let Some(path) = &o.admin_token_file {
@@ -1112,11 +1110,10 @@ impl RunConfig {
         };
 
         let schedule_s = o.full_snapshot_schedule.as_deref().unwrap_or("0 * * * *");
-        let full_schedule =
-            crate::snapshot::backup::parse_cron(schedule_s).map_err(|e| ConfigError::Invalid {
-                option: "full-snapshot-schedule",
-                reason: format!("{schedule_s:?}: {e} (write cron fields, e.g. \"0 * * * *\" for hourly)"),
-            })?;
+        let full_schedule = crate::backup::parse_cron(schedule_s).map_err(|e| ConfigError::Invalid {
+            option: "full-snapshot-schedule",
+            reason: format!("{schedule_s:?}: {e} (write cron fields, e.g. \"0 * * * *\" for hourly)"),
+        })?;
         let delta_period = duration("delta-snapshot-period", o.delta_snapshot_period.as_deref(), "10s")?;
         let max_s = o.delta_snapshot_max_bytes.as_deref().unwrap_or("32MiB");
         let delta_max_bytes = max_s
@@ -1197,14 +1194,10 @@ impl RunConfig {
             })?;
         }
         let verify_schedule = match &o.verify_schedule {
-            Some(v) => Some(
-                crate::snapshot::backup::parse_cron(v).map_err(|e| ConfigError::Invalid {
-                    option: "verify-schedule",
-                    reason: format!(
-                        "{v:?}: {e} (write cron fields, e.g. \"0 3 * * 0\" for Sundays at 03:00)"
-                    ),
-                })?,
-            ),
+            Some(v) => Some(crate::backup::parse_cron(v).map_err(|e| ConfigError::Invalid {
+                option: "verify-schedule",
+                reason: format!("{v:?}: {e} (write cron fields, e.g. \"0 3 * * 0\" for Sundays at 03:00)"),
+            })?),
             None => None,
         };
         let kube_encryption_config = match &o.kube_encryption_config {

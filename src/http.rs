@@ -33,7 +33,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
-use crate::snapshot::backup::BackupHandle;
+use crate::backup::BackupHandle;
 use crate::state::Shared;
 
 const PLAIN: &str = "text/plain; charset=utf-8";

@@ -2,6 +2,7 @@
 //! parts that follow — backups, restore and ownership fencing. See `run` for the task diagram and
 //! DESIGN.md (beside the project) for the contract.
 
+pub mod backup;
 pub mod cli;
 pub mod cluster;
 pub mod config;

@@ -28,13 +28,13 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backup::{Backup, BackupHandle, BackupStatus, Control};
 use crate::config::RunConfig;
 use crate::etcd::Health;
 use crate::ownership::OwnershipStatus;
 use crate::ownership::fence::{self, FenceStatus};
 use crate::pid1::{ExitStatus, InitRole, Reaper};
 use crate::signals::SignalEvent;
-use crate::snapshot::backup::{Backup, BackupHandle, BackupStatus, Control};
 use crate::startup::{Decision, RestoreStats};
 use crate::state::Shared;
 use crate::supervisor::{ChildState, Phase, Request, Supervisor};
@@ -421,7 +421,7 @@ impl Terms {
     /// settings take effect at once; the rest (etcd's command line, listeners, ownership) are
     /// fixed for the warden's life and a change is logged as needing a restart. `None` when the
     /// new configuration is invalid: the old one stays in force.
-    fn reload(&self) -> Option<crate::snapshot::backup::BackupConfig> {
+    fn reload(&self) -> Option<crate::backup::BackupConfig> {
         let env: std::collections::HashMap<String, String> = std::env::vars().collect();
         let new = match RunConfig::from_args(self.config.source.clone(), &env) {
             Ok(c) => c,
@@ -456,13 +456,13 @@ impl Terms {
     }
 
     /// After a graceful stop, the revisions etcd acknowledged after the last flush (see
-    /// `snapshot::tail`), within --stop-timeout. Logged, never fatal.
+    /// `backup::tail`), within --stop-timeout. Logged, never fatal.
     async fn upload_tail(&self, status: ExitStatus) {
         let killed = status == ExitStatus::Signal(9);
         let limit = self.config.policy.stop_timeout;
         match tokio::time::timeout(
             limit,
-            crate::snapshot::tail::upload_tail(&self.config, &self.reaper, killed),
+            crate::backup::tail::upload_tail(&self.config, &self.reaper, killed),
         )
         .await
         {

@@ -6,11 +6,11 @@ use std::time::SystemTime;
 use serde_json::json;
 use tokio::sync::watch;
 
+use crate::backup::BackupStatus;
 use crate::etcd::Health;
 use crate::ownership::OwnershipStatus;
 use crate::ownership::fence::FenceStatus;
 use crate::pid1::{InitRole, Reaper};
-use crate::snapshot::backup::BackupStatus;
 use crate::supervisor::{ChildState, Phase};
 use crate::telemetry::{Heartbeat, opt_unix_seconds::to_unix};
 

@@ -16,10 +16,10 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::backup::SnapInfo;
 use crate::config::RunConfig;
 use crate::etcd::private::PrivateEtcd;
 use crate::pid1::Reaper;
-use crate::snapshot::backup::SnapInfo;
 use crate::snapshot::full;
 use crate::store::layout::Kind;
 

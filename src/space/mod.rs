@@ -2,7 +2,7 @@
 //! `--quota-backend-bytes` (the NOSPACE alarm) until someone compacts, defragments and disarms.
 //! The warden sees the sizes ([`Sample`], taken by the health loop), how fast the file grows
 //! ([`Forecast`]) and, as the writer, the newest revision its backups hold, so it can repair
-//! NOSPACE by itself without losing a write (the writer's part is `snapshot::backup`'s
+//! NOSPACE by itself without losing a write (the writer's part is `backup`'s
 //! `keep_space`): compact to that revision, defragment one member at a time (the leader last,
 //! after moving leadership away), disarm, and say what it did, or say plainly that the data
 //! itself is too large for the quota.

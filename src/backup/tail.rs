@@ -11,12 +11,13 @@ use std::path::PathBuf;
 
 use etcd_client::WatchOptions;
 
-use super::backup::{AppendError, append_events, live_leases};
-use super::delta::{self, DeltaBuffer};
+use super::leases::live_leases;
+use super::stream::{AppendError, append_events};
 use crate::config::RunConfig;
 use crate::etcd::private::{PrivateEtcd, revision};
 use crate::pid1::Reaper;
 use crate::restore::mvcc::MvccFile;
+use crate::snapshot::delta::{self, DeltaBuffer};
 
 /// Uploads the tail; `Some((first, last))` when there was one.
 pub async fn upload_tail(
