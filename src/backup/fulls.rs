@@ -29,18 +29,6 @@ pub fn parse_cron(s: &str) -> Result<croner::Cron, String> {
         .map_err(|e| e.to_string())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cron_parsing() {
-        assert!(parse_cron("0 * * * *").is_ok());
-        assert!(parse_cron("*/10 * * * * *").is_ok());
-        assert!(parse_cron("every hour").is_err());
-    }
-}
-
 impl Backup {
     /// A full taken now if one was asked for at resume (`full_asap`) or the chain reached
     /// `--full-snapshot-after-revisions` (one such full per delta period at most).
@@ -184,5 +172,17 @@ impl Backup {
             }
             Err(()) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cron_parsing() {
+        assert!(parse_cron("0 * * * *").is_ok());
+        assert!(parse_cron("*/10 * * * * *").is_ok());
+        assert!(parse_cron("every hour").is_err());
     }
 }
