@@ -11,7 +11,6 @@ pub mod ctl;
 pub mod envvars;
 pub mod etcd;
 pub mod failpoint;
-pub mod gbr;
 pub mod http;
 pub mod kube;
 pub mod metrics;

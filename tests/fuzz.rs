@@ -232,7 +232,7 @@ fn fuzz_object_names() {
             let again = SnapshotName::parse(&n.key()).expect("a rendered key parses");
             assert_eq!(again.key(), n.key());
         }
-        let _ = etcd_warden::gbr::names::parse(&s);
+        let _ = etcd_warden::store::gbr::names::parse(&s);
     });
 }
 
@@ -264,7 +264,7 @@ fn fuzz_objects(target: &str, objects: Vec<(String, Vec<u8>)>) {
         .filter_map(|(key, bytes)| {
             let name = SnapshotName::parse(&key)
                 .ok()
-                .or_else(|| etcd_warden::gbr::names::parse(&key))?;
+                .or_else(|| etcd_warden::store::gbr::names::parse(&key))?;
             Some((name, key, bytes))
         })
         .collect();

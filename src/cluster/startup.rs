@@ -415,7 +415,7 @@ pub async fn history(cfg: &RunConfig, me: &Me, survey: &Survey) -> Result<Vec<St
         Ok(_) => {}
         Err(e) => return Err(crate::telemetry::error_chain(&e)),
     }
-    // A prefix that etcd-backup-restore backed up (a switch from it, `crate::gbr`) had a cluster
+    // A prefix that etcd-backup-restore backed up (a switch from it, `crate::store::gbr`) had a cluster
     // too, though no warden recorded it.
     if evidence.is_empty() {
         let (fulls, _) = store

@@ -317,10 +317,10 @@ mod tests {
     /// leads, the rest follow newest full first.
     #[test]
     fn between_gbr_and_own_chains_the_further_reaching_one_comes_first() {
-        let gbr = crate::gbr::names::parse("v2/Full-00000000-00000050-1000").unwrap();
-        let gbr_deltas = crate::gbr::names::chains(
+        let gbr = crate::store::gbr::names::parse("v2/Full-00000000-00000050-1000").unwrap();
+        let gbr_deltas = crate::store::gbr::names::chains(
             &[gbr],
-            &[crate::gbr::names::parse("v2/Incr-00000051-00000150-1200").unwrap()],
+            &[crate::store::gbr::names::parse("v2/Incr-00000051-00000150-1200").unwrap()],
         );
         let own = full(100, 1_100_000);
         let own_deltas = vec![delta_of(&own, 101, 120, 1_150_000)];

@@ -120,7 +120,7 @@ where
             .signing
             .unsigned(&name.key(), "is etcd-backup-restore's (never signed)")
             .map_err(ObjectError::Corrupt)?;
-        return crate::gbr::read::read_verified(store, name, g, on_raw).await;
+        return crate::store::gbr::read::read_verified(store, name, g, on_raw).await;
     }
     let mut unavailable = None;
     read_checked(store, name, on_raw, &mut unavailable)
@@ -254,7 +254,7 @@ pub async fn verify_store(store: &Store) -> Result<Report, StoreError> {
     let mut notes = Vec::new();
     for (chain, deltas) in chains {
         if !starts.contains(&chain) {
-            if deltas.iter().all(|(d, _)| crate::gbr::names::orphan(d)) {
+            if deltas.iter().all(|(d, _)| crate::store::gbr::names::orphan(d)) {
                 notes.push(format!(
                     "{} etcd-backup-restore deltas from revision {} on extend no full in the store (its garbage collection removed it); no restore uses them",
                     deltas.len(),
@@ -376,7 +376,7 @@ pub async fn read_full_to_file(
             .signing
             .unsigned(&name.key(), "is etcd-backup-restore's (never signed)")
             .map_err(ObjectError::Corrupt)?;
-        return crate::gbr::read::read_full_to_file(store, name, g, path, progress).await;
+        return crate::store::gbr::read::read_full_to_file(store, name, g, path, progress).await;
     }
     let local = |e: String| ObjectError::Local(e);
     let key = name.key();

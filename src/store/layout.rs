@@ -161,8 +161,8 @@ pub fn live_chain(
 pub enum Layout {
     /// This program's own format (docs/FORMAT.md).
     Warden,
-    /// Gardener's etcd-backup-restore, read in place (`crate::gbr`); never written or deleted.
-    Gbr(crate::gbr::GbrName),
+    /// Gardener's etcd-backup-restore, read in place (`crate::store::gbr`); never written or deleted.
+    Gbr(crate::store::gbr::GbrName),
     /// A rollback point: this program's format, under `v1/rollback/` (`crate::upgrade::rollback`).
     Rollback,
 }
@@ -239,7 +239,7 @@ impl SnapshotName {
 
     pub fn key(&self) -> String {
         if let Layout::Gbr(g) = &self.layout {
-            return crate::gbr::names::key(self, g);
+            return crate::store::gbr::names::key(self, g);
         }
         let created = format_time(self.created_ms);
         let (c, e) = (self.compression.as_str(), self.encryption.as_str());
@@ -266,10 +266,10 @@ impl SnapshotName {
     }
 
     /// Parses a key relative to the store's prefix.
-    /// Reads a key of this program's layout or of GBR's (`crate::gbr::names`).
+    /// Reads a key of this program's layout or of GBR's (`crate::store::gbr::names`).
     pub fn parse(key: &str) -> Result<Self, ParseError> {
         if key.starts_with("v2/") || key.starts_with("v1/Backup-") {
-            return crate::gbr::names::parse(key).ok_or(ParseError {
+            return crate::store::gbr::names::parse(key).ok_or(ParseError {
                 key: key.to_owned(),
                 reason: "not a snapshot of etcd-backup-restore's layout",
             });

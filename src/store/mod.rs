@@ -5,6 +5,7 @@
 pub mod copy;
 pub mod credentials;
 pub mod format;
+pub mod gbr;
 pub mod head;
 pub mod layout;
 pub mod lock;
@@ -115,7 +116,7 @@ pub struct Store {
     /// age keys: recipients to encrypt new snapshots to, identities to read encrypted ones.
     pub keys: crate::snapshot::crypt::Keys,
     /// The TTL (seconds) a restore gives a lease that a GBR delta names but does not describe
-    /// (`--gbr-lease-ttl`; `crate::gbr::read`).
+    /// (`--gbr-lease-ttl`; `crate::store::gbr::read`).
     pub gbr_lease_ttl: i64,
     /// S3 stores: reads an object's Object Lock before retention deletes it.
     pub locks: lock::Locks,
@@ -392,7 +393,7 @@ impl Store {
         Ok(dirs)
     }
 
-    /// Every full snapshot a restore can read, the warden's own and GBR's (`crate::gbr`), and every
+    /// Every full snapshot a restore can read, the warden's own and GBR's (`crate::store::gbr`), and every
     /// chain's deltas keyed by the chain (one listing per chain directory). Deltas whose full is
     /// gone sit under their base with creation time 0, a chain no full starts.
     pub async fn catalog(&self) -> Result<(Vec<SnapshotName>, Catalog), StoreError> {
@@ -444,7 +445,7 @@ impl Store {
         let meta: std::collections::HashMap<String, ObjectMeta> =
             deltas.into_iter().map(|(n, m)| (n.key(), m)).collect();
         let mut chains = std::collections::BTreeMap::<ChainId, Vec<_>>::new();
-        for (chain, members) in crate::gbr::names::chains(&full_names, &delta_names) {
+        for (chain, members) in crate::store::gbr::names::chains(&full_names, &delta_names) {
             let entry = chains.entry(chain).or_default();
             for d in members {
                 if let Some(m) = meta.get(&d.key()) {

@@ -401,7 +401,7 @@ mod tests {
     use super::*;
 
     fn delta(key: &str) -> (SnapshotName, GbrName) {
-        let n = crate::gbr::names::parse(key).unwrap();
+        let n = crate::store::gbr::names::parse(key).unwrap();
         let crate::store::layout::Layout::Gbr(g) = n.layout else {
             unreachable!()
         };
