@@ -199,8 +199,10 @@ impl Backup {
                 }
                 Some(()) = self.full_rx.recv() => self.full_during_stream(client, store, &mut buf).await,
                 _ = defrag_due => {
+                    let o = self.defrag_between(client, store, &mut buf).await;
+                    // The next one counted from the end of this one, as before the split.
                     t.next_defrag = self.cfg.defrag_schedule.as_ref().and_then(next_at);
-                    self.defrag_between(client, store, &mut buf).await
+                    o
                 }
                 _ = t.history.tick(), if self.cfg.space.history.is_some() => {
                     self.compact_history(client).await;
