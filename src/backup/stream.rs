@@ -139,7 +139,8 @@ impl Backup {
         }
     }
 
-    /// The watch for deltas from the revision after `after`; `None` when deltas are off.
+    /// The watch for deltas from the revision after `after` (the buffer's last); `None` when deltas
+    /// are off.
     async fn open_watch(
         &self,
         client: &mut Client,
@@ -168,7 +169,7 @@ impl Backup {
         (chain, after): (ChainId, i64),
     ) -> Outcome {
         let mut buf = DeltaBuffer::new(chain, after);
-        let mut watch = match self.open_watch(client, after).await {
+        let mut watch = match self.open_watch(client, buf.last()).await {
             Ok(w) => w,
             Err(o) => return o,
         };
