@@ -839,8 +839,8 @@ pub const EX_OLDER: i32 = 2;
 /// untouched (the work dir beside it is removed as the restore's future is dropped).
 pub async fn restore(
     args: crate::config::RestoreArgs,
-    reaper: crate::pid1::Reaper,
-    mut signals: tokio::sync::mpsc::UnboundedReceiver<crate::signals::SignalEvent>,
+    reaper: crate::process::pid1::Reaper,
+    mut signals: tokio::sync::mpsc::UnboundedReceiver<crate::process::signals::SignalEvent>,
 ) -> i32 {
     use crate::restore::{RestoreOptions, Target};
     let keys = match keys(None, None, &args.keys, None) {
@@ -972,7 +972,7 @@ pub async fn restore(
                 };
             }
             Some(ev) = signals.recv() => {
-                if let crate::signals::SignalEvent::Stop(sig) = ev {
+                if let crate::process::signals::SignalEvent::Stop(sig) = ev {
                     eprintln!("etcd-warden: {sig}: restore interrupted; {} was not changed", opts.data_dir.display());
                     return 130;
                 }
@@ -989,7 +989,7 @@ pub async fn verify_deep(
     etcd: String,
     read: crate::config::ReadKeys,
     kube_encryption_config: Option<PathBuf>,
-    reaper: crate::pid1::Reaper,
+    reaper: crate::process::pid1::Reaper,
 ) -> i32 {
     let keys = match keys(None, None, &read, None) {
         Ok(k) => k,

@@ -18,9 +18,9 @@ use thiserror::Error;
 use crate::backup::BackupConfig;
 use crate::etcd::{ClientConfig, EtcdArgs, TlsOverrides};
 use crate::ownership::{Lookup, OwnershipConfig};
+use crate::process::supervisor::{Launch, Policy};
 use crate::store::StoreUrl;
 use crate::store::layout::Compression;
-use crate::supervisor::{Launch, Policy};
 use crate::telemetry::LogFormat;
 
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:2378";

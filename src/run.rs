@@ -33,11 +33,11 @@ use crate::config::RunConfig;
 use crate::etcd::Health;
 use crate::ownership::OwnershipStatus;
 use crate::ownership::fence::{self, FenceStatus};
-use crate::pid1::{ExitStatus, InitRole, Reaper};
-use crate::signals::SignalEvent;
+use crate::process::pid1::{ExitStatus, InitRole, Reaper};
+use crate::process::signals::SignalEvent;
+use crate::process::supervisor::{ChildState, Phase, Request, Supervisor};
+use crate::serve::state::Shared;
 use crate::startup::{Decision, RestoreStats};
-use crate::state::Shared;
-use crate::supervisor::{ChildState, Phase, Request, Supervisor};
 use crate::telemetry::Heartbeat;
 
 /// Supervises etcd until a stop signal ends it; returns etcd's final exit status.
@@ -170,20 +170,20 @@ pub async fn run(
         defrag_tx,
     );
     let backup = backup.with_copies(copies.clone());
-    let actions = Arc::new(crate::http::Actions {
+    let actions = Arc::new(crate::serve::http::Actions {
         backup: backup_handle.clone(),
         token_file: config.admin_token_file.clone(),
         leave: leave_tx,
         promote: config.standby.is_some().then_some(promote_tx),
     });
-    tracker.spawn(crate::http::serve(
+    tracker.spawn(crate::serve::http::serve(
         listener,
         shared.clone(),
         actions.clone(),
         cancel.child_token(),
     ));
     if let Some((socket, path)) = admin {
-        tracker.spawn(crate::http::serve_admin(
+        tracker.spawn(crate::serve::http::serve_admin(
             socket,
             path,
             shared.clone(),
@@ -203,7 +203,7 @@ pub async fn run(
         shared.health_heartbeat.clone(),
         cancel.child_token(),
     ));
-    tracker.spawn(crate::notify::run(shared.clone(), cancel.child_token()));
+    tracker.spawn(crate::serve::notify::run(shared.clone(), cancel.child_token()));
     let recheck = Arc::new(Notify::new());
     // The sender lives as long as the run loop reads it (a closed watch would wake it forever).
     let _ownership_unchecked = match config.ownership.clone() {
@@ -487,7 +487,7 @@ impl Terms {
     /// Stops the supervisor (etcd is not running) and returns its status.
     async fn finish(&mut self) -> ExitStatus {
         self.stopping.send_replace(true);
-        crate::notify::stopping(&self.shared);
+        crate::serve::notify::stopping(&self.shared);
         let _ = self.requests.send(Request::Stop).await;
         (&mut self.supervisor).await.unwrap_or(ExitStatus::Code(1))
     }
@@ -861,7 +861,7 @@ impl Terms {
                     }
                     tracing::info!(signal = %sig, "stop requested: flushing the pending delta, then stopping etcd");
                     self.stopping.send_replace(true);
-                    crate::notify::stopping(&self.shared);
+                    crate::serve::notify::stopping(&self.shared);
                     let handle = self.backup.clone();
                     let requests = self.requests.clone();
                     let budget = self.flush_budget;

@@ -83,7 +83,7 @@ fn generate() -> String {
     let _ = writeln!(out, "```\n{}\n```\n", etcd_warden::config::SIGNALS_HELP.trim());
     options(&etcd_warden::config::Cli::command(), "etcd-warden", &mut out);
     out.push_str("## HTTP endpoints\n\n`--listen` (default 0.0.0.0:2378) and the admin socket (`--admin-socket`, mode 0600) serve:\n\n| method | path | served on | answer |\n|---|---|---|---|\n");
-    for e in etcd_warden::http::ENDPOINTS {
+    for e in etcd_warden::serve::http::ENDPOINTS {
         let _ = writeln!(
             out,
             "| {} | `{}` | {} | {} |",
@@ -94,11 +94,11 @@ fn generate() -> String {
         );
     }
     out.push_str("\n## Metrics\n\nServed on `/metrics` (a counter's samples end in `_total`); *present* says when a series exists.\n\n| metric | type | present | meaning |\n|---|---|---|---|\n");
-    for m in etcd_warden::metrics::METRICS {
+    for m in etcd_warden::serve::metrics::METRICS {
         // A counter's samples carry the `_total` suffix (what a query names).
         let (kind, suffix) = match m.kind {
-            etcd_warden::metrics::MetricKind::Counter => ("counter", "_total"),
-            etcd_warden::metrics::MetricKind::Gauge => ("gauge", ""),
+            etcd_warden::serve::metrics::MetricKind::Counter => ("counter", "_total"),
+            etcd_warden::serve::metrics::MetricKind::Gauge => ("gauge", ""),
         };
         let _ = writeln!(
             out,

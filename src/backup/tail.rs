@@ -15,7 +15,7 @@ use super::leases::live_leases;
 use super::stream::{AppendError, append_events};
 use crate::config::RunConfig;
 use crate::etcd::private::{PrivateEtcd, revision};
-use crate::pid1::Reaper;
+use crate::process::pid1::Reaper;
 use crate::restore::mvcc::MvccFile;
 use crate::snapshot::delta::{self, DeltaBuffer};
 

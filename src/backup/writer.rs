@@ -14,8 +14,8 @@ use super::leases::LeaseSetAt;
 use super::status::BackupStatus;
 use crate::cluster::leadership::Identity;
 use crate::etcd::Health;
+use crate::process::supervisor::{ChildState, Phase};
 use crate::store::head::{Head, Uploaded};
-use crate::supervisor::{ChildState, Phase};
 
 pub(super) enum Outcome {
     Stop(oneshot::Sender<()>),

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::config::RunConfig;
-use crate::pid1::Reaper;
+use crate::process::pid1::Reaper;
 use crate::restore::{RestoreOptions, Target};
 use crate::startup::Decision;
 use crate::store::plan::{Plan, PlanDone, PlanMember};

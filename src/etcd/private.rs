@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use etcd_client::Client;
 
 use super::private_tls::PrivateTls;
-use crate::pid1::{ExitStatus, Reaper, run_to_completion};
+use crate::process::pid1::{ExitStatus, Reaper, run_to_completion};
 
 /// Why a private etcd did not come up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,7 +154,7 @@ impl PrivateEtcd {
             .await
             .map_err(|e| format!("run {} --version: {e}", etcd.display()))?;
         // Own process group, parent-death signal, no warden variables: like the supervised etcd.
-        let mut cmd = crate::supervisor::Launch {
+        let mut cmd = crate::process::supervisor::Launch {
             program: etcd.to_owned(),
             args: Vec::new(),
             env: Vec::new(),

@@ -11,7 +11,7 @@ use std::process::Command;
 
 use serde::Serialize;
 
-use crate::pid1::{ExitStatus, Reaper, run_bounded};
+use crate::process::pid1::{ExitStatus, Reaper, run_bounded};
 
 /// An etcd release number, `major.minor.patch`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use crate::backup::SnapInfo;
 use crate::config::RunConfig;
 use crate::etcd::private::PrivateEtcd;
-use crate::pid1::Reaper;
+use crate::process::pid1::Reaper;
 use crate::snapshot::full;
 use crate::store::layout::Kind;
 

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::execute::{RestoreOptions, restore};
 use crate::config::RunConfig;
-use crate::pid1::Reaper;
+use crate::process::pid1::Reaper;
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct DrillStatus {

@@ -18,7 +18,7 @@ use thiserror::Error;
 use super::mvcc::MvccFile;
 use super::plan::{self, Candidate, Target};
 use crate::etcd::private::PrivateEtcd;
-use crate::pid1::{ExitStatus, Reaper, run_bounded};
+use crate::process::pid1::{ExitStatus, Reaper, run_bounded};
 use crate::snapshot::verify::{ObjectError, read_full_to_file};
 use crate::store::{Store, StoreError};
 
@@ -408,7 +408,7 @@ async fn check_tool(opts: &RestoreOptions, reaper: &Reaper) -> Result<(), Restor
         tool: tool.clone(),
         reason,
     };
-    match crate::pid1::run_bounded(reaper, &mut cmd, Some(Duration::from_secs(10))).await {
+    match crate::process::pid1::run_bounded(reaper, &mut cmd, Some(Duration::from_secs(10))).await {
         Ok((ExitStatus::Code(0), out, _)) if out.to_ascii_lowercase().contains("version") => Ok(()),
         Ok((status, out, err)) => {
             let said = format!("{} {}", out.trim(), err.trim());
@@ -542,7 +542,7 @@ async fn attempt(
     // /proc (the path does not resolve here) the file keeps its name and the tool gets that.
     let snapshot =
         std::fs::File::open(&db).map_err(|e| Failure::Local(format!("open {}: {e}", db.display())))?;
-    let passed = match crate::supervisor::pass_file(&mut cmd, &snapshot) {
+    let passed = match crate::process::supervisor::pass_file(&mut cmd, &snapshot) {
         Some(passed) if std::fs::metadata(&passed).is_ok() => {
             let _ = std::fs::remove_file(&db);
             passed
@@ -579,7 +579,7 @@ async fn attempt(
         .step(format!("restoring the full snapshot with {}", tool.display()));
     // Bounded in memory and time: whoever can write to the bucket can also give a crafted
     // database a matching sha256, and etcd's tool trusts the file's page claims.
-    crate::supervisor::limit_data(&mut cmd, TOOL_MEMORY);
+    crate::process::supervisor::limit_data(&mut cmd, TOOL_MEMORY);
     let size = snapshot.metadata().map(|m| m.len()).unwrap_or(0);
     let failed = match run_bounded(reaper, &mut cmd, Some(tool_time(size))).await {
         Ok((ExitStatus::Code(0), _, _)) => None,

@@ -18,7 +18,7 @@ use super::plan::{self, Target};
 use crate::config::RunConfig;
 use crate::etcd::MemberDirs;
 use crate::etcd::private::PrivateEtcd;
-use crate::pid1::Reaper;
+use crate::process::pid1::Reaper;
 use crate::startup::decide::{Aside, Local};
 use crate::startup::{Decision, beside};
 use crate::store::Store;

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use crate::cluster::journal::Journal;
 use crate::config::RunConfig;
 use crate::etcd::MemberDirs;
-use crate::pid1::Reaper;
+use crate::process::pid1::Reaper;
 use decide::{Action, Facts, Local};
 
 pub use crate::etcd::dirs::beside;

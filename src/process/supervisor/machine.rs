@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::pid1::ExitStatus;
+use crate::process::pid1::ExitStatus;
 
 /// Respawn policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -34,7 +34,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio_util::sync::CancellationToken;
 
 use crate::backup::BackupHandle;
-use crate::state::Shared;
+use crate::serve::state::Shared;
 
 const PLAIN: &str = "text/plain; charset=utf-8";
 
@@ -363,7 +363,7 @@ fn route(
         }
         METRICS => text(
             StatusCode::OK,
-            crate::metrics::render(shared),
+            crate::serve::metrics::render(shared),
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         ),
         _ => text(

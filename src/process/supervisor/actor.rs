@@ -15,7 +15,7 @@ use tokio::time::sleep_until;
 
 use super::launch::Launch;
 use super::machine::{Action, Event, Machine, Phase, Policy};
-use crate::pid1::{ExitStatus, Reaper, Spawned};
+use crate::process::pid1::{ExitStatus, Reaper, Spawned};
 use crate::telemetry::Heartbeat;
 
 /// What the rest of the warden may ask of the etcd child.

@@ -12,8 +12,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
 
-use crate::state::Shared;
-use crate::supervisor::Phase;
+use crate::process::supervisor::Phase;
+use crate::serve::state::Shared;
 use crate::telemetry::opt_unix_seconds::to_unix;
 
 #[derive(Debug, Default, Clone, Copy)]

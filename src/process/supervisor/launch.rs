@@ -11,7 +11,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-pub use crate::pid1::is_private_env;
+pub use crate::process::pid1::is_private_env;
 
 /// A fully resolved etcd command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,7 +111,7 @@ mod tests {
     /// Runs `cmd` through the reaper: whether it exited 0, and its output.
     fn run(cmd: &mut Command) -> (bool, Vec<u8>) {
         use std::io::Read;
-        let reaper = crate::pid1::Reaper::new();
+        let reaper = crate::process::pid1::Reaper::new();
         cmd.stdout(Stdio::piped()).stderr(Stdio::null());
         let mut child = reaper.spawn(cmd).unwrap();
         let mut out = Vec::new();
@@ -120,7 +120,7 @@ mod tests {
         loop {
             reaper.reap();
             if let Ok(status) = child.exit.try_recv() {
-                return (status == crate::pid1::ExitStatus::Code(0), out);
+                return (status == crate::process::pid1::ExitStatus::Code(0), out);
             }
             assert!(
                 std::time::Instant::now() < deadline,

@@ -10,8 +10,8 @@ use crate::backup::BackupStatus;
 use crate::etcd::Health;
 use crate::ownership::OwnershipStatus;
 use crate::ownership::fence::FenceStatus;
-use crate::pid1::{InitRole, Reaper};
-use crate::supervisor::{ChildState, Phase};
+use crate::process::pid1::{InitRole, Reaper};
+use crate::process::supervisor::{ChildState, Phase};
 use crate::telemetry::{Heartbeat, opt_unix_seconds::to_unix};
 
 /// Shared, read-only view of the running warden.
@@ -51,7 +51,7 @@ pub struct Shared {
 
 impl Shared {
     pub fn readiness(&self) -> Result<(), String> {
-        crate::readiness::evaluate(&self.child.borrow(), &self.health.borrow(), self.gate())
+        crate::serve::readiness::evaluate(&self.child.borrow(), &self.health.borrow(), self.gate())
     }
 
     /// What holds etcd back regardless of its health, most decisive first.

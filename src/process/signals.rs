@@ -13,7 +13,7 @@ use signal_hook::consts::signal as sig;
 use signal_hook::iterator::Signals;
 use tokio::sync::mpsc;
 
-use crate::pid1::Reaper;
+use crate::process::pid1::Reaper;
 
 /// A signal the warden acts on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use sd_notify::NotifyState;
 use tokio_util::sync::CancellationToken;
 
-use crate::state::Shared;
+use crate::serve::state::Shared;
 
 /// The one-line status systemd shows (`systemctl status`).
 pub fn status_line(shared: &Shared) -> String {

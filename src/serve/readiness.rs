@@ -6,7 +6,7 @@
 //! deliberately not an input here.
 
 use crate::etcd::Health;
-use crate::supervisor::{ChildState, Phase};
+use crate::process::supervisor::{ChildState, Phase};
 
 /// `Ok` when ready, otherwise the reason shown by `/readyz`.
 pub fn evaluate(child: &ChildState, health: &Health, gate: Option<String>) -> Result<(), String> {
@@ -47,7 +47,7 @@ pub fn evaluate(child: &ChildState, health: &Health, gate: Option<String>) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pid1::ExitStatus;
+    use crate::process::pid1::ExitStatus;
 
     fn running(incarnation: u64) -> ChildState {
         ChildState {
