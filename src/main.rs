@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use etcd_warden::config::{Cli, Command, ProbeArgs, RestoreArgs, RunArgs, RunConfig};
-use etcd_warden::{cli, http, pid1, probe, run, signals, telemetry};
+use etcd_warden::process::{pid1, signals};
+use etcd_warden::serve::http;
+use etcd_warden::{cli, probe, run, telemetry};
 
 /// Bad usage or configuration (sysexits EX_USAGE).
 const EX_USAGE: i32 = 64;
