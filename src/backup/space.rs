@@ -11,6 +11,10 @@ use super::writer::Outcome;
 use crate::snapshot::delta::DeltaBuffer;
 use crate::store::Store;
 
+/// How long a cluster's new writer leaves a NOSPACE alarm to the writer before it, when its own
+/// member is already defragmented (see `keep_space`).
+const TAKEOVER_GRACE: Duration = Duration::from_secs(60);
+
 impl Backup {
     /// The scheduled defragmentation while streaming; a leadership it moved ends the stream.
     pub(super) async fn defrag_between(
@@ -204,6 +208,23 @@ impl Backup {
                 && sample.db_size_in_use >= in_use
                 && at.elapsed() < Duration::from_secs(600)
             {
+                return false;
+            }
+            // A writer that just took over in a cluster, on a member already defragmented (under
+            // half the quota; a member at NOSPACE is near it): the previous writer moved
+            // leadership here in the middle of its own repair (it defragments itself last, then
+            // disarms). Repairing now would defragment members
+            // under it a second time, overlapping its defragmentation. It gets a grace; if it
+            // died instead, this writer repairs once the grace is over.
+            if self.cfg.cluster
+                && sample.db_size < sample.quota / 2
+                && self.writer_since.elapsed() < TAKEOVER_GRACE
+            {
+                tracing::debug!(
+                    db_size = sample.db_size,
+                    quota = sample.quota,
+                    "NOSPACE raised while this member is under half the quota, just after taking over: leaving the repair to the previous writer for now"
+                );
                 return false;
             }
             return self.repair_nospace(client, store, buf, sample).await;

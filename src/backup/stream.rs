@@ -174,6 +174,7 @@ impl Backup {
             Err(o) => return o,
         };
         let mut t = Timers::new(self);
+        self.writer_since = std::time::Instant::now();
         loop {
             if let Some(o) = self
                 .full_if_due_by_revisions(client, store, &mut buf, &mut t)

@@ -44,6 +44,9 @@ pub struct Backup {
     pub(super) space_refused: Option<(i64, std::time::Instant)>,
     /// The last defragmentation the space keeper started because it paid.
     pub(super) paying_defrag_at: Option<std::time::Instant>,
+    /// When this warden last began streaming as the writer: a NOSPACE alarm it finds right after
+    /// taking over may be one the previous writer is still clearing (`space::TAKEOVER_GRACE`).
+    pub(super) writer_since: std::time::Instant,
     /// `--space-history`: the revisions the store held, to compact to once a window old.
     pub(super) history: crate::space::History,
     /// The membership and auth fingerprint recorded with the current chain's full snapshot.
@@ -117,6 +120,7 @@ impl Backup {
                 authenticated: false,
                 space_refused: None,
                 paying_defrag_at: None,
+                writer_since: std::time::Instant::now(),
                 history: crate::space::History::default(),
                 identity: Identity::default(),
                 head: None,
