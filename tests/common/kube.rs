@@ -129,10 +129,21 @@ impl Kube {
 
     /// One request; `(status, body)`, status 0 when nothing answered.
     pub fn req(&self, method: &str, path: &str, body: Option<&serde_json::Value>) -> (u16, String) {
+        self.request(method, path, "application/json", body)
+    }
+
+    /// `method path` with a body of `content_type`: `(status, body)`, status 0 when nothing answered.
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Option<&serde_json::Value>,
+    ) -> (u16, String) {
         let mut cmd = Command::new("curl");
         cmd.args(["-sk", "--max-time", "10", "-X", method, "-w", "\n%{http_code}"])
             .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
-            .args(["-H", "Content-Type: application/json"]);
+            .args(["-H", &format!("Content-Type: {content_type}")]);
         if let Some(b) = body {
             cmd.args(["--data-binary", &b.to_string()]);
         }
@@ -187,17 +198,7 @@ impl Kube {
         content_type: &str,
         body: &serde_json::Value,
     ) -> (u16, String) {
-        let out = Command::new("curl")
-            .args(["-sk", "--max-time", "10", "-X", method, "-w", "\n%{http_code}"])
-            .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
-            .args(["-H", &format!("Content-Type: {content_type}")])
-            .args(["--data-binary", &body.to_string()])
-            .arg(format!("{}{path}", self.url))
-            .output()
-            .expect("curl runs");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
-        (code.trim().parse().unwrap_or(0), body.to_owned())
+        self.request(method, path, content_type, Some(body))
     }
 
     /// A kubeconfig at `path` for this kube-apiserver, as kubeadm's admin.conf: its serving
