@@ -18,7 +18,7 @@ use thiserror::Error;
 use crate::backup::BackupConfig;
 use crate::etcd::{ClientConfig, EtcdArgs, TlsOverrides};
 use crate::ownership::{Lookup, OwnershipConfig};
-use crate::process::supervisor::{Launch, Policy};
+use crate::etcd::supervisor::{Launch, Policy};
 use crate::store::StoreUrl;
 use crate::store::layout::Compression;
 use crate::telemetry::LogFormat;

@@ -11,6 +11,7 @@ pub mod ctl;
 pub mod envvars;
 pub mod etcd;
 pub mod failpoint;
+pub mod format;
 pub mod kube;
 pub mod ownership;
 pub mod probe;

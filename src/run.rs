@@ -35,7 +35,7 @@ use crate::ownership::OwnershipStatus;
 use crate::ownership::fence::{self, FenceStatus};
 use crate::process::pid1::{ExitStatus, InitRole, Reaper};
 use crate::process::signals::SignalEvent;
-use crate::process::supervisor::{ChildState, Phase, Request, Supervisor};
+use crate::etcd::supervisor::{ChildState, Phase, Request, Supervisor};
 use crate::serve::state::Shared;
 use crate::startup::{Decision, RestoreStats};
 use crate::telemetry::Heartbeat;

@@ -12,7 +12,7 @@ use super::status::{ChainBreak, SnapInfo};
 use super::writer::{Backup, Outcome, SPACE_CHECK, mtime};
 use crate::cluster::leadership::LEADERSHIP_CHECK;
 use crate::snapshot::delta::{self, DeltaBuffer};
-use crate::snapshot::delta_codec::{Event, EventType, Lease, Revision};
+use crate::format::delta_codec::{Event, EventType, Lease, Revision};
 use crate::store::head::Uploaded;
 use crate::store::{ChainId, Store};
 

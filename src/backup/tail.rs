@@ -16,7 +16,7 @@ use super::stream::{AppendError, append_events};
 use crate::config::RunConfig;
 use crate::etcd::private::{PrivateEtcd, revision};
 use crate::process::pid1::Reaper;
-use crate::restore::mvcc::MvccFile;
+use crate::format::mvcc::MvccFile;
 use crate::snapshot::delta::{self, DeltaBuffer};
 
 /// Uploads the tail; `Some((first, last))` when there was one.

@@ -14,7 +14,7 @@ use super::leases::LeaseSetAt;
 use super::status::BackupStatus;
 use crate::cluster::leadership::Identity;
 use crate::etcd::Health;
-use crate::process::supervisor::{ChildState, Phase};
+use crate::etcd::supervisor::{ChildState, Phase};
 use crate::store::head::{Head, Uploaded};
 
 pub(super) enum Outcome {

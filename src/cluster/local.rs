@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use crate::etcd::MemberDirs;
-use crate::restore::bolt::BoltFile;
+use crate::format::bolt::BoltFile;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum LocalData {
@@ -51,6 +51,6 @@ pub fn member_count(data: &Path) -> Option<usize> {
     let db = BoltFile::open(&data.join("member").join("snap").join("db")).ok()?;
     let root = db.root_items().ok()?;
     let (_, _, v) = root.iter().find(|(_, k, _)| k.as_slice() == b"members")?;
-    let bucket = crate::restore::bolt::BucketValue::parse(v).ok()?;
+    let bucket = crate::format::bolt::BucketValue::parse(v).ok()?;
     Some(db.bucket_items(&bucket).ok()?.len())
 }

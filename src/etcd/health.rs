@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::client::ClientConfig;
-use crate::process::supervisor::{ChildState, Phase};
+use crate::etcd::supervisor::{ChildState, Phase};
 use crate::telemetry::Heartbeat;
 
 /// The latest health result.

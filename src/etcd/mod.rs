@@ -1,6 +1,8 @@
 //! Everything about the etcd being run: its command line (`args`), the warden's client to it
 //! (`client`), the health loop (`health`), which release it is (`version`) and the throwaway etcd
-//! on loopback that restores, checks and fencing use (`private`).
+//! on loopback that restores, checks and fencing use (`private`), and the etcd child itself
+//! (`supervisor`: a pure state machine, its actor and the launch). It may call `process` (reaping)
+//! and the floor, nothing above.
 
 pub mod args;
 pub mod client;
@@ -10,7 +12,7 @@ pub mod health;
 pub mod ports;
 pub mod private;
 pub mod private_tls;
-pub mod proto;
+pub mod supervisor;
 pub mod version;
 
 pub use args::EtcdArgs;

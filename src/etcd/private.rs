@@ -154,7 +154,7 @@ impl PrivateEtcd {
             .await
             .map_err(|e| format!("run {} --version: {e}", etcd.display()))?;
         // Own process group, parent-death signal, no warden variables: like the supervised etcd.
-        let mut cmd = crate::process::supervisor::Launch {
+        let mut cmd = crate::etcd::supervisor::Launch {
             program: etcd.to_owned(),
             args: Vec::new(),
             env: Vec::new(),

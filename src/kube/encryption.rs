@@ -12,7 +12,7 @@ use std::time::SystemTime;
 use etcd_client::{Client, GetOptions};
 use serde::Serialize;
 
-use crate::restore::bolt::{BUCKET_LEAF, BoltFile, BucketValue};
+use crate::format::bolt::{BUCKET_LEAF, BoltFile, BucketValue};
 
 /// The key names an `EncryptionConfiguration` holds, as `provider:name` (`aescbc:key1`,
 /// `kms:v2:vault`).
@@ -86,7 +86,7 @@ pub fn needed_by(value: &[u8]) -> Option<String> {
 
 /// Reads the protobuf fields 1 (key) and 5 (value) of an `mvccpb.KeyValue`.
 fn key_and_value(b: &[u8]) -> Option<(&[u8], &[u8])> {
-    let fields = crate::etcd::proto::fields(b)?;
+    let fields = crate::format::proto::fields(b)?;
     let bytes = |n: u64| {
         fields
             .iter()

@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use crate::etcd::proto::fields;
+use crate::format::proto::fields;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Object {

@@ -1,7 +1,6 @@
 //! The process layer: the warden as PID 1 or a child subreaper (`pid1`, the one owner of
-//! `waitpid(-1)`), OS signals as typed events (`signals`), and the etcd child itself
-//! (`supervisor`: a pure state machine, its actor and the launch). It knows nothing of backups.
+//! `waitpid(-1)`) and OS signals as typed events (`signals`). It knows nothing of etcd or backups;
+//! the etcd child's supervisor lives with the rest of etcd (`crate::etcd::supervisor`).
 
 pub mod pid1;
 pub mod signals;
-pub mod supervisor;

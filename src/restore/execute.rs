@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use super::mvcc::MvccFile;
+use crate::format::mvcc::MvccFile;
 use super::plan::{self, Candidate, Target};
 use crate::etcd::private::PrivateEtcd;
 use crate::process::pid1::{ExitStatus, Reaper, run_bounded};
@@ -542,7 +542,7 @@ async fn attempt(
     // /proc (the path does not resolve here) the file keeps its name and the tool gets that.
     let snapshot =
         std::fs::File::open(&db).map_err(|e| Failure::Local(format!("open {}: {e}", db.display())))?;
-    let passed = match crate::process::supervisor::pass_file(&mut cmd, &snapshot) {
+    let passed = match crate::etcd::supervisor::pass_file(&mut cmd, &snapshot) {
         Some(passed) if std::fs::metadata(&passed).is_ok() => {
             let _ = std::fs::remove_file(&db);
             passed
@@ -579,7 +579,7 @@ async fn attempt(
         .step(format!("restoring the full snapshot with {}", tool.display()));
     // Bounded in memory and time: whoever can write to the bucket can also give a crafted
     // database a matching sha256, and etcd's tool trusts the file's page claims.
-    crate::process::supervisor::limit_data(&mut cmd, TOOL_MEMORY);
+    crate::etcd::supervisor::limit_data(&mut cmd, TOOL_MEMORY);
     let size = snapshot.metadata().map(|m| m.len()).unwrap_or(0);
     let failed = match run_bounded(reaper, &mut cmd, Some(tool_time(size))).await {
         Ok((ExitStatus::Code(0), _, _)) => None,
@@ -592,8 +592,8 @@ async fn attempt(
     // finds the database unsound: then the object is bad, and an older chain is the way on.
     let failed = failed.map(|why| {
         let why = format!("{} snapshot restore failed ({why})", tool.display());
-        match super::bolt::BoltFile::open(&passed).and_then(|f| f.check()) {
-            Ok(()) | Err(super::bolt::BoltError::Io(_)) => Failure::Local(why),
+        match crate::format::bolt::BoltFile::open(&passed).and_then(|f| f.check()) {
+            Ok(()) | Err(crate::format::bolt::BoltError::Io(_)) => Failure::Local(why),
             Err(e) => Failure::BadFull(format!("{}: {e}; {why}", cand.full.key())),
         }
     });
@@ -636,7 +636,7 @@ async fn attempt(
 /// A db written by a newer etcd minor than the one that will run it is refused before any delta
 /// is written: etcd would refuse its `storageVersion` or panic on its cluster version.
 async fn check_release(reaper: &Reaper, etcd: &Path, db: &Path, full: &str) -> Result<(), Failure> {
-    let Ok(Some((major, minor))) = super::mvcc::written_by(db) else {
+    let Ok(Some((major, minor))) = crate::format::mvcc::written_by(db) else {
         return Ok(());
     };
     let Some(ours) = crate::etcd::version::of_binary(reaper, etcd).await else {

@@ -1,12 +1,10 @@
 //! Restore: plan (pure: which objects, which revisions) then execute (work dir beside the target,
 //! etcd's own restore tool, atomic swap). The deltas reach the restored member through `write`
-//! (into its bbolt file via `mvcc` and `bolt`), or `replay` (through a private etcd) as the fallback.
+//! (into its bbolt file via `crate::format::mvcc` and `crate::format::bolt`), or `replay` (through a private etcd) as the fallback.
 
-pub mod bolt;
 pub mod drill;
 pub mod execute;
 pub mod marker;
-pub mod mvcc;
 pub mod plan;
 mod replay;
 pub mod startup;

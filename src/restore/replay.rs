@@ -10,7 +10,7 @@ use super::execute::Failure;
 use super::plan::Candidate;
 use super::write::{Applied, Step, replay_progress, step};
 use crate::etcd::private::{PrivateEtcd, restored_revision};
-use crate::snapshot::delta_codec::{EventType, Record};
+use crate::format::delta_codec::{EventType, Record};
 use crate::snapshot::verify::{ObjectError, read_delta};
 use crate::store::Store;
 use crate::store::layout::Kind;
@@ -304,7 +304,7 @@ async fn keep_alive(client: &mut Client, leases: &HashSet<i64>) {
 async fn grant_lease(
     client: &mut etcd_client::Client,
     leases: &mut HashSet<i64>,
-    l: crate::snapshot::delta_codec::Lease,
+    l: crate::format::delta_codec::Lease,
 ) -> Result<(), Failure> {
     if leases.contains(&l.id) || l.granted_ttl <= 0 {
         return Ok(());

@@ -56,7 +56,7 @@ fn aside(why: &str) -> String {
 /// below. `None` when there is no db file or it cannot be read.
 pub fn offline_revision(dirs: &MemberDirs) -> Option<i64> {
     let db = dirs.data.join("member/snap/db");
-    match super::mvcc::MvccFile::open(&db) {
+    match crate::format::mvcc::MvccFile::open(&db) {
         Ok(f) => Some(f.revision()),
         Err(e) => {
             tracing::warn!(db = %db.display(), error = %e, "cannot read the data dir's db file offline");

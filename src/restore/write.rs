@@ -5,9 +5,9 @@
 use std::time::Instant;
 
 use super::execute::Failure;
-use super::mvcc::MvccFile;
+use crate::format::mvcc::MvccFile;
 use super::plan::Candidate;
-use crate::snapshot::delta_codec::{Decoder, Record, Revision};
+use crate::format::delta_codec::{Decoder, Record, Revision};
 use crate::snapshot::verify::read_verified;
 use crate::store::Store;
 use crate::store::layout::{Kind, SnapshotName};
@@ -29,7 +29,7 @@ pub(super) struct Applied(std::collections::HashMap<i64, u64>);
 
 impl Applied {
     fn digest(r: &Revision) -> u64 {
-        let d = crate::snapshot::delta_codec::revision_digest(r);
+        let d = crate::format::delta_codec::revision_digest(r);
         u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
     }
 

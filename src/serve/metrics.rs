@@ -12,7 +12,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
 
-use crate::process::supervisor::Phase;
+use crate::etcd::supervisor::Phase;
 use crate::serve::state::Shared;
 use crate::telemetry::opt_unix_seconds::to_unix;
 

@@ -6,7 +6,7 @@
 //! deliberately not an input here.
 
 use crate::etcd::Health;
-use crate::process::supervisor::{ChildState, Phase};
+use crate::etcd::supervisor::{ChildState, Phase};
 
 /// `Ok` when ready, otherwise the reason shown by `/readyz`.
 pub fn evaluate(child: &ChildState, health: &Health, gate: Option<String>) -> Result<(), String> {

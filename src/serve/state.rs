@@ -11,7 +11,7 @@ use crate::etcd::Health;
 use crate::ownership::OwnershipStatus;
 use crate::ownership::fence::FenceStatus;
 use crate::process::pid1::{InitRole, Reaper};
-use crate::process::supervisor::{ChildState, Phase};
+use crate::etcd::supervisor::{ChildState, Phase};
 use crate::telemetry::{Heartbeat, opt_unix_seconds::to_unix};
 
 /// Shared, read-only view of the running warden.

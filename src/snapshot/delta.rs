@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use super::compress::Packer;
-use super::delta_codec::{self, Lease, Revision};
+use crate::format::delta_codec::{self, Lease, Revision};
 use super::full::SnapshotError;
 use crate::store::Store;
 use crate::store::format::{Footer, Header, ObjectWriter};
@@ -262,7 +262,7 @@ pub async fn upload(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::delta_codec::{Event, EventType};
+    use crate::format::delta_codec::{Event, EventType};
 
     fn rev(r: i64) -> Revision {
         Revision {

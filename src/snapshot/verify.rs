@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Serialize;
 
 use super::compress::Unpacker;
-use super::delta_codec::{Decoder, Record};
+use crate::format::delta_codec::{Decoder, Record};
 use super::full::TrailerCheck;
 use crate::store::format::{self, Verified};
 use crate::store::layout::{Encryption, Kind, Layout, SnapshotName};
@@ -290,7 +290,7 @@ pub async fn verify_store(store: &Store) -> Result<Report, StoreError> {
             let r = read_verified(store, &name, |raw| {
                 for rec in decoder.push(raw).map_err(|e| e.to_string())? {
                     if let Record::Revision(r) = rec {
-                        digests.push((r.revision, crate::snapshot::delta_codec::revision_digest(&r)));
+                        digests.push((r.revision, crate::format::delta_codec::revision_digest(&r)));
                     }
                 }
                 Ok(())

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use super::{Promotion, StandbyConfig, StandbyStatus, State};
 use crate::config::RunConfig;
 use crate::process::pid1::Reaper;
-use crate::restore::mvcc::MvccFile;
+use crate::format::mvcc::MvccFile;
 use crate::restore::{RestoreOptions, Target};
 use crate::store::Store;
 use crate::store::layout::SnapshotName;

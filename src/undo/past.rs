@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::{Entry, Filter, State};
 use crate::restore::plan::{self, Target};
-use crate::snapshot::delta_codec::{EventType, Record};
+use crate::format::delta_codec::{EventType, Record};
 use crate::snapshot::verify::{read_delta, read_full_to_file};
 use crate::store::Store;
 
@@ -133,12 +133,12 @@ fn read_full(path: &Path, filter: &Filter, limit: i64) -> Result<(State, i64, i6
     let mut state = State::new();
     let mut newest = 1;
     let mut bad = None;
-    let compacted = crate::restore::mvcc::read_history(path, |rev, tombstone, kv| {
+    let compacted = crate::format::mvcc::read_history(path, |rev, tombstone, kv| {
         if rev > limit {
             return;
         }
         newest = newest.max(rev);
-        let Some(fields) = crate::etcd::proto::fields(kv) else {
+        let Some(fields) = crate::format::proto::fields(kv) else {
             bad.get_or_insert(rev);
             return;
         };

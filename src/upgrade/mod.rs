@@ -18,7 +18,7 @@ pub mod wal;
 use std::path::{Path, PathBuf};
 
 use crate::etcd::version::Version;
-use crate::restore::bolt::{BoltFile, BucketValue};
+use crate::format::bolt::{BoltFile, BucketValue};
 
 /// The storage version of the data dir's db, `None` when there is no readable db.
 pub fn data_version(data_dir: &Path) -> Option<Version> {

@@ -15,7 +15,7 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use crate::etcd::version::Version;
-use crate::restore::mvcc::MvccFile;
+use crate::format::mvcc::MvccFile;
 use crate::snapshot::full::upload_stream;
 use crate::store::Store;
 use crate::store::format::{Footer, Header};

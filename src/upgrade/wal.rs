@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::etcd::proto::fields;
+use crate::format::proto::fields;
 use std::path::Path;
 
 const ENTRY: u64 = 2;

@@ -1,6 +1,6 @@
 //! GBR's bytes, read into what the rest of the warden reads: a full snapshot becomes etcd's stream in
 //! a file (as `etcdutl snapshot restore` wants it), a delta becomes the warden's own delta payload
-//! (`snapshot::delta_codec`), so the restore, the replay and `backups verify` apply and check GBR's
+//! (`format::delta_codec`), so the restore, the replay and `backups verify` apply and check GBR's
 //! history with the code that applies and checks the warden's.
 //!
 //! GBR records a put's lease id but never the lease's TTL. A lease the full snapshot holds keeps its
@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 use super::names::{GbrCompression, GbrName};
 use crate::snapshot::compress::{Decompressor, Unpacker};
-use crate::snapshot::delta_codec::{self, Event, EventType, Lease, Revision};
+use crate::format::delta_codec::{self, Event, EventType, Lease, Revision};
 use crate::snapshot::full::TrailerCheck;
 use crate::snapshot::verify::{FullWorker, ObjectError};
 use crate::store::Store;

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use super::bolt::{Appender, BUCKET_LEAF, BoltError, BoltFile, BucketValue, LeafItem};
-use crate::snapshot::delta_codec::{EventType, Revision};
+use crate::format::delta_codec::{EventType, Revision};
 
 const KEY_BUCKET: &[u8] = b"key";
 const LEASE_BUCKET: &[u8] = b"lease";
@@ -243,7 +243,7 @@ impl MvccFile {
 
     /// Makes `set` the lease bucket (a delta's lease set): leases not in it were revoked or
     /// expired; those missing are added with their granted TTL. Leases kept keep their value.
-    pub fn set_leases(&mut self, set: &[crate::snapshot::delta_codec::Lease]) {
+    pub fn set_leases(&mut self, set: &[crate::format::delta_codec::Lease]) {
         let keep: HashSet<i64> = set.iter().map(|l| l.id).collect();
         let before = self.leases.len();
         self.lease_ids.retain(|id| keep.contains(id));
