@@ -748,7 +748,7 @@ fn restorable_into(dir: &Path) -> Result<(), &'static str> {
     match std::fs::metadata(dir) {
         Err(_) => Ok(()),
         Ok(m) if !m.is_dir() => Err("is not a directory"),
-        Ok(_) if crate::restore::execute::is_empty_dir(dir) => Ok(()),
+        Ok(_) if crate::etcd::dirs::is_empty_dir(dir) => Ok(()),
         Ok(_) => Err("exists and is not empty"),
     }
 }

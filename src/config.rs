@@ -16,9 +16,9 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::backup::BackupConfig;
+use crate::etcd::supervisor::{Launch, Policy};
 use crate::etcd::{ClientConfig, EtcdArgs, TlsOverrides};
 use crate::ownership::{Lookup, OwnershipConfig};
-use crate::etcd::supervisor::{Launch, Policy};
 use crate::store::StoreUrl;
 use crate::store::layout::Compression;
 use crate::telemetry::LogFormat;
@@ -766,6 +766,15 @@ pub struct RunConfig {
     pub source: RunArgs,
 }
 
+/// Whether `name` is a long option of `etcd-warden run` (given after `--` by mistake).
+fn is_run_option(name: &str) -> bool {
+    let cli = <Cli as clap::CommandFactory>::command();
+    cli.find_subcommand("run").is_some_and(|run| {
+        run.get_arguments()
+            .any(|a| a.get_long() == Some(name) || a.get_all_aliases().is_some_and(|al| al.contains(&name)))
+    })
+}
+
 /// Bad usage or configuration: exit 64.
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -949,7 +958,7 @@ impl RunConfig {
             .as_deref()
             .map(|c| c.split(',').filter(|s| !s.trim().is_empty()).count())
             .unwrap_or(1);
-        configured.max(crate::cluster::local::member_count(&self.backup.data_dir).unwrap_or(0)) > 1
+        configured.max(crate::etcd::local::member_count(&self.backup.data_dir).unwrap_or(0)) > 1
     }
 
     /// Validates `run`'s arguments against the environment and the filesystem, touching nothing.
@@ -967,7 +976,7 @@ impl RunConfig {
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
-        let etcd = EtcdArgs::parse(&etcd_argv_str, env)?;
+        let etcd = EtcdArgs::parse(&etcd_argv_str, env, &is_run_option)?;
 
         let stop_timeout = duration("stop-timeout", o.stop_timeout.as_deref(), "30s")?;
         let gbr_lease_ttl = match &o.gbr_lease_ttl {

@@ -31,11 +31,11 @@ use tokio_util::task::TaskTracker;
 use crate::backup::{Backup, BackupHandle, BackupStatus, Control};
 use crate::config::RunConfig;
 use crate::etcd::Health;
+use crate::etcd::supervisor::{ChildState, Phase, Request, Supervisor};
 use crate::ownership::OwnershipStatus;
 use crate::ownership::fence::{self, FenceStatus};
 use crate::process::pid1::{ExitStatus, InitRole, Reaper};
 use crate::process::signals::SignalEvent;
-use crate::etcd::supervisor::{ChildState, Phase, Request, Supervisor};
 use crate::serve::state::Shared;
 use crate::startup::{Decision, RestoreStats};
 use crate::telemetry::Heartbeat;
@@ -825,8 +825,8 @@ impl Terms {
                         continue;
                     }
                     let data = std::env::current_dir().unwrap_or_else(|_| "/".into()).join(&self.config.etcd.data_dir);
-                    let local = crate::cluster::local::check(&crate::etcd::MemberDirs::of(&self.config.etcd));
-                    if local != crate::cluster::local::LocalData::Sound {
+                    let local = crate::etcd::local::check(&crate::etcd::MemberDirs::of(&self.config.etcd));
+                    if local != crate::etcd::local::LocalData::Sound {
                         tracing::error!(data = %data.display(), state = ?local, "etcd died and this member's data is not sound: holding etcd down and deciding again (a single member restores from the store, a cluster member repairs through its peers)");
                         let (tx, killed) = tokio::sync::oneshot::channel();
                         let _ = self.requests.send(Request::Fence(tx)).await;

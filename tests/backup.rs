@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::stores::*;
 use common::*;
-use etcd_warden::snapshot::delta_codec::Record;
+use etcd_warden::format::delta_codec::Record;
 use etcd_warden::snapshot::verify::{read_delta, read_full_to_file};
 use etcd_warden::store::{Store, StoreUrl};
 use nix::sys::signal::Signal;

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use etcd_warden::format::delta_codec::{self, Decoder, Event, EventType, Lease, Revision};
 use etcd_warden::snapshot::delta::{PendingDelta, Writer, upload};
-use etcd_warden::snapshot::delta_codec::{self, Decoder, Event, EventType, Lease, Revision};
 use etcd_warden::store::Store;
 use etcd_warden::store::layout::{ChainId, Compression, SnapshotName};
 
@@ -341,7 +341,7 @@ fn fuzz_gbr_objects() {
 
 #[test]
 fn fuzz_bbolt_files() {
-    use etcd_warden::restore::bolt::{BoltFile, BucketValue};
+    use etcd_warden::format::bolt::{BoltFile, BucketValue};
     // etcd's own databases: the GBR fixtures' full snapshots, decompressed.
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gbr/store/gzip/v2");
     let mut seeds = Vec::new();

@@ -56,7 +56,7 @@ fn two_chains(etcd: &std::path::Path, ip: &str, dir: &std::path::Path, opts: &[&
 
 /// A delta payload (uncompressed) of one revision `rev` that puts `forged` = `evil`.
 fn forged_put(rev: i64) -> Vec<u8> {
-    use etcd_warden::snapshot::delta_codec::{Event, EventType, Revision, encode_revision};
+    use etcd_warden::format::delta_codec::{Event, EventType, Revision, encode_revision};
     let mut payload = Vec::new();
     let event = Event {
         kind: EventType::Put,

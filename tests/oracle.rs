@@ -27,7 +27,7 @@ use common::*;
 use etcd_client::{
     CompactionOptions, Compare, CompareOp, DeleteOptions, MemberAddOptions, PutOptions, Txn, TxnOp,
 };
-use etcd_warden::restore::bolt::{BoltFile, BucketValue};
+use etcd_warden::format::bolt::{BoltFile, BucketValue};
 
 const START: Duration = Duration::from_secs(90);
 

@@ -1226,7 +1226,7 @@ fn ctrl_c_during_a_restore_leaves_no_target_and_no_partial_files() {
 /// revisions, and etcd's HashKV, equal the original's.
 #[test]
 fn an_unexpected_db_shape_falls_back_to_the_replay_and_stays_exact() {
-    use etcd_warden::restore::bolt::{BUCKET_LEAF, BoltFile, BucketValue};
+    use etcd_warden::format::bolt::{BUCKET_LEAF, BoltFile, BucketValue};
     use etcd_warden::snapshot::full::upload_stream;
     use etcd_warden::snapshot::verify::read_full_to_file;
     use etcd_warden::store::format::Footer;

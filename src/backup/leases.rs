@@ -7,8 +7,8 @@ use etcd_client::Client;
 
 use super::writer::{Backup, Outcome};
 use crate::cluster::leadership::LEADERSHIP_CHECK;
-use crate::snapshot::delta::DeltaBuffer;
 use crate::format::delta_codec::Lease;
+use crate::snapshot::delta::DeltaBuffer;
 
 /// Every lease etcd holds, as etcd listed them at `revision`.
 #[derive(Debug)]

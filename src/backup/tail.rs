@@ -15,8 +15,8 @@ use super::leases::live_leases;
 use super::stream::{AppendError, append_events};
 use crate::config::RunConfig;
 use crate::etcd::private::{PrivateEtcd, revision};
-use crate::process::pid1::Reaper;
 use crate::format::mvcc::MvccFile;
+use crate::process::pid1::Reaper;
 use crate::snapshot::delta::{self, DeltaBuffer};
 
 /// Uploads the tail; `Some((first, last))` when there was one.
@@ -34,7 +34,7 @@ pub async fn upload_tail(
     // check, and would need a private etcd on a member's data, which would dial the peers.)
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     let data = cwd.join(&cfg.etcd.data_dir);
-    if cfg.backup.cluster || crate::cluster::local::member_count(&data).is_some_and(|n| n > 1) {
+    if cfg.backup.cluster || crate::etcd::local::member_count(&data).is_some_and(|n| n > 1) {
         tracing::info!("cluster member: no tail upload (the next writer continues the chain)");
         return Ok(None);
     }

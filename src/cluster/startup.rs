@@ -8,9 +8,9 @@
 use std::path::Path;
 
 use super::journal::Journal;
-use super::local::LocalData;
 use super::peers::{self, ChangeError, Member, Survey};
 use crate::config::RunConfig;
+use crate::etcd::local::LocalData;
 use crate::startup::Decision;
 use crate::startup::decide::{Listed, Local, Peers};
 

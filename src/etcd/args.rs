@@ -95,9 +95,15 @@ pub enum ArgsError {
 }
 
 impl EtcdArgs {
-    /// Parses etcd's arguments (without the binary) and its environment.
-    pub fn parse<S: AsRef<str>>(args: &[S], env: &HashMap<String, String>) -> Result<Self, ArgsError> {
-        let flags = collect_flags(args)?;
+    /// Parses etcd's arguments (without the binary) and its environment. `is_warden_option` names
+    /// the warden's own options, so one written after `--` by mistake is refused with a message
+    /// that says where it goes (the caller knows the warden's options; this room does not).
+    pub fn parse<S: AsRef<str>>(
+        args: &[S],
+        env: &HashMap<String, String>,
+        is_warden_option: &dyn Fn(&str) -> bool,
+    ) -> Result<Self, ArgsError> {
+        let flags = collect_flags(args, is_warden_option)?;
         // etcd reads ETCD_CONFIG_FILE only when the flag is not given, and with a config file it
         // ignores every other flag and variable.
         let config_file = flags
@@ -267,7 +273,7 @@ pub fn with_settings(
 ) -> Result<Settings, ArgsError> {
     let Some(path) = config_file else {
         let text: Vec<String> = args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
-        let given = collect_flags(&text)?;
+        let given = collect_flags(&text, &|_| false)?;
         let mut out = Settings {
             args: args.to_vec(),
             env: Vec::new(),
@@ -333,18 +339,12 @@ fn parse_urls(source_name: &str, value: &str) -> Result<Vec<Url>, ArgsError> {
         .collect()
 }
 
-/// Whether `name` is a long option of `etcd-warden run` (given after `--` by mistake).
-fn is_warden_option(name: &str) -> bool {
-    let cli = <crate::config::Cli as clap::CommandFactory>::command();
-    cli.find_subcommand("run").is_some_and(|run| {
-        run.get_arguments()
-            .any(|a| a.get_long() == Some(name) || a.get_all_aliases().is_some_and(|al| al.contains(&name)))
-    })
-}
-
 /// Go's flag package: `-f`, `--f`, `-f=v`, `--f=v`, `-f v`; bools never consume the next word;
 /// `--` or the first non-flag word ends the flags.
-fn collect_flags<S: AsRef<str>>(args: &[S]) -> Result<HashMap<String, String>, ArgsError> {
+fn collect_flags<S: AsRef<str>>(
+    args: &[S],
+    is_warden_option: &dyn Fn(&str) -> bool,
+) -> Result<HashMap<String, String>, ArgsError> {
     let mut flags = HashMap::new();
     let mut i = 0;
     while i < args.len() {
@@ -415,6 +415,10 @@ pub fn with_flag(args: &[std::ffi::OsString], flag: &str, value: &str) -> Vec<st
 mod tests {
     use super::*;
 
+    fn no_option(_: &str) -> bool {
+        false
+    }
+
     fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs
             .iter()
@@ -424,7 +428,7 @@ mod tests {
 
     #[test]
     fn defaults_match_etcd() {
-        let a = EtcdArgs::parse::<&str>(&[], &env(&[])).unwrap();
+        let a = EtcdArgs::parse::<&str>(&[], &env(&[]), &no_option).unwrap();
         assert_eq!(a.name, "default");
         assert_eq!(a.data_dir, PathBuf::from("default.etcd"));
         assert_eq!(a.client_endpoints(), vec!["http://localhost:2379"]);
@@ -447,7 +451,7 @@ mod tests {
             ),
         ];
         for (args, name, dir) in cases {
-            let a = EtcdArgs::parse(args, &env(&[])).unwrap();
+            let a = EtcdArgs::parse(args, &env(&[]), &no_option).unwrap();
             assert_eq!(a.name, *name, "{args:?}");
             assert_eq!(a.data_dir, PathBuf::from(dir), "{args:?}");
         }
@@ -466,16 +470,22 @@ mod tests {
             "--enable-distributed-tracing",
             "-v",
         ] {
-            let a = EtcdArgs::parse(&[flag, "--data-dir", "/x"], &env(&[])).unwrap();
+            let a = EtcdArgs::parse(&[flag, "--data-dir", "/x"], &env(&[]), &no_option).unwrap();
             assert_eq!(a.data_dir, PathBuf::from("/x"), "{flag}");
         }
-        let a = EtcdArgs::parse(&["--unsafe-no-fsync=false", "--data-dir", "/x"], &env(&[])).unwrap();
+        let a = EtcdArgs::parse(
+            &["--unsafe-no-fsync=false", "--data-dir", "/x"],
+            &env(&[]),
+            &no_option,
+        )
+        .unwrap();
         assert_eq!(a.data_dir, PathBuf::from("/x"));
     }
 
     #[test]
     fn a_word_no_release_knows_is_refused_unless_it_carries_its_value() {
-        let err = EtcdArgs::parse(&["--unsafe-no-fsnyc", "--data-dir", "/x"], &env(&[])).unwrap_err();
+        let err =
+            EtcdArgs::parse(&["--unsafe-no-fsnyc", "--data-dir", "/x"], &env(&[]), &no_option).unwrap_err();
         assert!(
             matches!(&err, ArgsError::UnknownFlag { flag, .. } if flag == "unsafe-no-fsnyc"),
             "{err}"
@@ -487,11 +497,18 @@ mod tests {
         );
         assert!(err.to_string().contains("--unsafe-no-fsnyc=VALUE"), "{err}");
         for word in ["--store", "--delta-snapshot-period=5s"] {
-            let err = EtcdArgs::parse(&["--data-dir", "/x", word, "file:///b"], &env(&[])).unwrap_err();
+            let warden = |w: &str| w == "store" || w == "delta-snapshot-period";
+            let err =
+                EtcdArgs::parse(&["--data-dir", "/x", word, "file:///b"], &env(&[]), &warden).unwrap_err();
             assert!(matches!(&err, ArgsError::WardenFlag { .. }), "{word}: {err}");
             assert!(err.to_string().contains("put it before `--`"), "{err}");
         }
-        let a = EtcdArgs::parse(&["--some-future-flag=3", "--data-dir", "/x"], &env(&[])).unwrap();
+        let a = EtcdArgs::parse(
+            &["--some-future-flag=3", "--data-dir", "/x"],
+            &env(&[]),
+            &no_option,
+        )
+        .unwrap();
         assert_eq!(a.data_dir, PathBuf::from("/x"));
     }
 
@@ -518,7 +535,7 @@ mod tests {
                 env(&[("ETCD_CONFIG_FILE", path.as_str()), ("ETCD_DATA_DIR", "/ignored")]),
             ),
         ] {
-            let a = EtcdArgs::parse(&args, &e).unwrap();
+            let a = EtcdArgs::parse(&args, &e, &no_option).unwrap();
             assert_eq!(a.name, "m2");
             assert_eq!(a.data_dir, PathBuf::from("/var/lib/etcd"));
             assert_eq!(a.wal_dir, Some(PathBuf::from("/wal")));
@@ -534,14 +551,14 @@ mod tests {
         }
         // JSON is YAML too; etcd's defaults hold for what the file leaves out.
         std::fs::write(&file, r#"{"name": "j"}"#).unwrap();
-        let a = EtcdArgs::parse(&["--config-file", path.as_str()], &env(&[])).unwrap();
+        let a = EtcdArgs::parse(&["--config-file", path.as_str()], &env(&[]), &no_option).unwrap();
         assert_eq!(
             (a.name.as_str(), a.data_dir.as_path()),
             ("j", Path::new("j.etcd"))
         );
         assert_eq!(a.client_endpoints(), ["http://localhost:2379"]);
         std::fs::write(&file, "- a\n- b\n").unwrap();
-        let err = EtcdArgs::parse(&["--config-file", path.as_str()], &env(&[])).unwrap_err();
+        let err = EtcdArgs::parse(&["--config-file", path.as_str()], &env(&[]), &no_option).unwrap_err();
         assert!(err.to_string().contains("not a mapping"), "{err}");
 
         // Settings the warden changes go into a copy the command line then names.
@@ -565,7 +582,7 @@ mod tests {
             ))]
         );
         let out: Vec<String> = out.iter().map(|a| a.to_string_lossy().into_owned()).collect();
-        let a = EtcdArgs::parse(&out, &env(&[])).unwrap();
+        let a = EtcdArgs::parse(&out, &env(&[]), &no_option).unwrap();
         assert_eq!(
             (a.name.as_str(), a.initial_cluster_state.as_deref()),
             ("m2", Some("existing"))
@@ -626,7 +643,7 @@ mod tests {
             ("ETCD_CLIENT_CERT_AUTH", "true"),
             ("ETCD_TRUSTED_CA_FILE", "/ca.pem"),
         ]);
-        let a = EtcdArgs::parse(&["--data-dir", "/flag"], &e).unwrap();
+        let a = EtcdArgs::parse(&["--data-dir", "/flag"], &e, &no_option).unwrap();
         assert_eq!(a.name, "from-env");
         assert_eq!(a.data_dir, PathBuf::from("/flag"));
         assert!(a.client_cert_auth);
@@ -646,6 +663,7 @@ mod tests {
                 "http://[::]:2379,unix:///run/etcd.sock,http://10.0.0.5:2379",
             ],
             &env(&[]),
+            &no_option,
         )
         .unwrap();
         assert_eq!(
@@ -656,16 +674,17 @@ mod tests {
 
     #[test]
     fn bad_input_names_the_flag() {
-        let err = EtcdArgs::parse(&["--data-dir"], &env(&[])).unwrap_err();
+        let err = EtcdArgs::parse(&["--data-dir"], &env(&[]), &no_option).unwrap_err();
         assert_eq!(
             err.to_string(),
             "etcd flag --data-dir needs a value (write --data-dir=VALUE)"
         );
-        let err = EtcdArgs::parse(&["--listen-client-urls=://nope"], &env(&[])).unwrap_err();
+        let err = EtcdArgs::parse(&["--listen-client-urls=://nope"], &env(&[]), &no_option).unwrap_err();
         assert!(err.to_string().contains("flag --listen-client-urls"), "{err}");
-        let err = EtcdArgs::parse(&["--client-cert-auth=yes"], &env(&[])).unwrap_err();
+        let err = EtcdArgs::parse(&["--client-cert-auth=yes"], &env(&[]), &no_option).unwrap_err();
         assert!(err.to_string().contains("not a boolean"), "{err}");
-        let err = EtcdArgs::parse(&["--config-file", "/nonexistent/etcd.yml"], &env(&[])).unwrap_err();
+        let err =
+            EtcdArgs::parse(&["--config-file", "/nonexistent/etcd.yml"], &env(&[]), &no_option).unwrap_err();
         assert!(matches!(err, ArgsError::ConfigFile { .. }));
         assert!(err.to_string().contains("/nonexistent/etcd.yml"), "{err}");
     }

@@ -250,6 +250,26 @@ fn read(path: &Path) -> Result<Vec<u8>, ClientError> {
     })
 }
 
+/// Whether an etcd error means "this request needs (other) credentials": auth was enabled under a
+/// client that connected without them, or its token is no longer valid.
+pub fn is_auth_error(e: &etcd_client::Error) -> bool {
+    is_auth_message(&e.to_string())
+}
+
+pub fn is_auth_message(text: &str) -> bool {
+    [
+        "user name is empty",
+        // With client-certificate auth, etcd takes the certificate's common name as the user
+        // while the client has no token: a name that is no user (the server certificate's).
+        "user name not found",
+        "invalid auth token",
+        "permission denied",
+        "authentication failed",
+    ]
+    .iter()
+    .any(|m| text.contains(m))
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -267,6 +287,7 @@ mod tests {
                 "--client-cert-auth",
             ],
             &HashMap::new(),
+            &|_| false,
         )
         .unwrap();
         let c = ClientConfig::from_args(&args, &TlsOverrides::default(), Duration::from_secs(1));
@@ -295,7 +316,12 @@ mod tests {
 
     #[test]
     fn plain_http_has_no_tls() {
-        let args = EtcdArgs::parse(&["--listen-client-urls=http://127.0.0.1:2379"], &HashMap::new()).unwrap();
+        let args = EtcdArgs::parse(
+            &["--listen-client-urls=http://127.0.0.1:2379"],
+            &HashMap::new(),
+            &|_| false,
+        )
+        .unwrap();
         let c = ClientConfig::from_args(&args, &TlsOverrides::default(), Duration::from_secs(1));
         assert!(c.tls.is_none());
     }

@@ -6,7 +6,6 @@
 use std::path::{Path, PathBuf};
 
 use super::EtcdArgs;
-use crate::restore::execute::is_empty_dir;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberDirs {
@@ -95,6 +94,14 @@ impl MemberDirs {
                 .map_err(|e| format!("put {} back from {}: {e}", dir.display(), from.display()))?;
         }
         Ok(())
+    }
+}
+
+/// Whether a path is absent or an empty directory.
+pub fn is_empty_dir(path: &Path) -> bool {
+    match std::fs::read_dir(path) {
+        Ok(mut it) => it.next().is_none(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     }
 }
 

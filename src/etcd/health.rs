@@ -188,7 +188,7 @@ pub async fn run(
                         super::version::warn_known_issues(v, "server");
                         // The release that served this data dir: what the next start's upgrade
                         // check compares with.
-                        if let Err(e) = crate::upgrade::record_release(&data_dir, v) {
+                        if let Err(e) = crate::etcd::version::record_release(&data_dir, v) {
                             tracing::warn!(error = %e, "cannot record the etcd release beside the data dir");
                         }
                     }

@@ -9,6 +9,7 @@ pub mod client;
 pub mod dirs;
 pub mod flags;
 pub mod health;
+pub mod local;
 pub mod ports;
 pub mod private;
 pub mod private_tls;

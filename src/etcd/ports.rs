@@ -161,7 +161,7 @@ mod tests {
             format!("--listen-client-urls=http://127.0.0.1:{port},unix:///tmp/x.sock"),
             format!("--listen-peer-urls=http://127.0.0.1:{free}"),
         ];
-        let etcd = EtcdArgs::parse(&args, &HashMap::new()).unwrap();
+        let etcd = EtcdArgs::parse(&args, &HashMap::new(), &|_| false).unwrap();
         assert_eq!(
             taken(&etcd),
             [format!("--listen-client-urls http://127.0.0.1:{port}/")]

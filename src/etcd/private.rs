@@ -128,7 +128,7 @@ impl PrivateEtcd {
     ) -> Result<Self, String> {
         // A cluster member's data names its peers: an etcd started on it dials them at their peer
         // URLs as that member (a second instance of one identity in their raft group). Never.
-        if let Some(n) = crate::cluster::local::member_count(data).filter(|n| *n > 1) {
+        if let Some(n) = crate::etcd::local::member_count(data).filter(|n| *n > 1) {
             return Err(format!(
                 "{} is a cluster member's data ({n} members in its membership): a private etcd on it would reach the other members; not started",
                 data.display()
@@ -306,7 +306,7 @@ pub async fn revision(client: &mut Client, serializable: bool) -> Result<i64, et
     let opts = serializable.then(|| etcd_client::GetOptions::new().with_serializable());
     match client.get("\0", opts).await {
         Ok(r) => Ok(r.header().map(|h| h.revision()).unwrap_or(0)),
-        Err(e) if crate::snapshot::outside::is_auth_error(&e) => {
+        Err(e) if crate::etcd::client::is_auth_error(&e) => {
             let s = client.status().await?;
             Ok(s.header().map(|h| h.revision()).unwrap_or(0))
         }

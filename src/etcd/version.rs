@@ -6,7 +6,7 @@
 //! (`etcd.version`, `etcd.known_issues`); the warden never refuses to run it.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde::Serialize;
@@ -177,6 +177,24 @@ pub fn warn_known_issues(v: Version, source: &str) {
     for i in known_issues(v) {
         tracing::warn!(version = %v, source, issue = i.issue, fixed_in = %i.fixed_in, "etcd {v} has a known bug: {}", i.summary);
     }
+}
+
+/// Where the warden records the release that last served a data dir.
+pub fn release_record(data_dir: &Path) -> PathBuf {
+    super::dirs::beside(data_dir, ".warden-etcd-release")
+}
+
+/// The release that last served `data_dir` under the warden, if it recorded one.
+pub fn last_release(data_dir: &Path) -> Option<Version> {
+    Version::parse(std::fs::read_to_string(release_record(data_dir)).ok()?.trim())
+}
+
+/// Records `release` as the last one that served `data_dir`.
+pub fn record_release(data_dir: &Path, release: Version) -> std::io::Result<()> {
+    let path = release_record(data_dir);
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, format!("{release}\n"))?;
+    std::fs::rename(tmp, path)
 }
 
 #[cfg(test)]

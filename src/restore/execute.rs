@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use crate::format::mvcc::MvccFile;
 use super::plan::{self, Candidate, Target};
+use crate::etcd::dirs::is_empty_dir;
 use crate::etcd::private::PrivateEtcd;
+use crate::format::mvcc::MvccFile;
 use crate::process::pid1::{ExitStatus, Reaper, run_bounded};
 use crate::snapshot::verify::{ObjectError, read_full_to_file};
 use crate::store::{Store, StoreError};
@@ -142,14 +143,6 @@ struct RemoveOnDrop(PathBuf);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Whether a path is absent or an empty directory.
-pub fn is_empty_dir(path: &Path) -> bool {
-    match std::fs::read_dir(path) {
-        Ok(mut it) => it.next().is_none(),
-        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     }
 }
 

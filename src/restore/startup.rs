@@ -13,10 +13,11 @@
 
 use tokio::sync::watch;
 
-use super::execute::{RestoreOptions, is_empty_dir, restore};
+use super::execute::{RestoreOptions, restore};
 use super::plan::{self, Target};
 use crate::config::RunConfig;
 use crate::etcd::MemberDirs;
+use crate::etcd::dirs::is_empty_dir;
 use crate::etcd::private::PrivateEtcd;
 use crate::process::pid1::Reaper;
 use crate::startup::decide::{Aside, Local};

@@ -5,9 +5,9 @@
 use std::time::Instant;
 
 use super::execute::Failure;
-use crate::format::mvcc::MvccFile;
 use super::plan::Candidate;
 use crate::format::delta_codec::{Decoder, Record, Revision};
+use crate::format::mvcc::MvccFile;
 use crate::snapshot::verify::read_verified;
 use crate::store::Store;
 use crate::store::layout::{Kind, SnapshotName};

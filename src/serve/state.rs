@@ -8,10 +8,10 @@ use tokio::sync::watch;
 
 use crate::backup::BackupStatus;
 use crate::etcd::Health;
+use crate::etcd::supervisor::{ChildState, Phase};
 use crate::ownership::OwnershipStatus;
 use crate::ownership::fence::FenceStatus;
 use crate::process::pid1::{InitRole, Reaper};
-use crate::etcd::supervisor::{ChildState, Phase};
 use crate::telemetry::{Heartbeat, opt_unix_seconds::to_unix};
 
 /// Shared, read-only view of the running warden.

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use thiserror::Error;
 
 use super::compress::Packer;
-use crate::format::delta_codec::{self, Lease, Revision};
 use super::full::SnapshotError;
+use crate::format::delta_codec::{self, Lease, Revision};
 use crate::store::Store;
 use crate::store::format::{Footer, Header, ObjectWriter};
 use crate::store::layout::{self, ChainId, Compression, Kind, SnapshotName};

@@ -12,27 +12,8 @@
 use etcd_client::Client;
 
 use crate::etcd::ClientConfig;
+use crate::etcd::client::{is_auth_error, is_auth_message};
 use sha2::{Digest, Sha256};
-
-/// Whether an etcd error means "this request needs (other) credentials": auth was enabled under a
-/// client that connected without them, or its token is no longer valid.
-pub fn is_auth_error(e: &etcd_client::Error) -> bool {
-    is_auth_message(&e.to_string())
-}
-
-fn is_auth_message(text: &str) -> bool {
-    [
-        "user name is empty",
-        // With client-certificate auth, etcd takes the certificate's common name as the user
-        // while the client has no token: a name that is no user (the server certificate's).
-        "user name not found",
-        "invalid auth token",
-        "permission denied",
-        "authentication failed",
-    ]
-    .iter()
-    .any(|m| text.contains(m))
-}
 
 /// Why no fingerprint could be taken.
 #[derive(Debug)]

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Serialize;
 
 use super::compress::Unpacker;
-use crate::format::delta_codec::{Decoder, Record};
 use super::full::TrailerCheck;
+use crate::format::delta_codec::{Decoder, Record};
 use crate::store::format::{self, Verified};
 use crate::store::layout::{Encryption, Kind, Layout, SnapshotName};
 use crate::store::{Store, StoreError};

@@ -8,8 +8,8 @@ use tokio::sync::watch;
 
 use super::{Promotion, StandbyConfig, StandbyStatus, State};
 use crate::config::RunConfig;
-use crate::process::pid1::Reaper;
 use crate::format::mvcc::MvccFile;
+use crate::process::pid1::Reaper;
 use crate::restore::{RestoreOptions, Target};
 use crate::store::Store;
 use crate::store::layout::SnapshotName;

@@ -150,7 +150,7 @@ pub fn check_usage(cfg: &RunConfig) -> Result<(), String> {
             marker(&data).display()
         ));
     }
-    if !crate::restore::execute::is_empty_dir(&data) && !marker(&data).exists() {
+    if !crate::etcd::dirs::is_empty_dir(&data) && !marker(&data).exists() {
         return Err(format!(
             "standby: the data dir {} holds data that is not a standby's (no {}): a standby restores into its own empty data dir and replaces it while it follows the store; point --data-dir at an empty directory (nothing was changed)",
             data.display(),

@@ -228,7 +228,7 @@ async fn cluster_round(
     }
     step(status, "asking the other members");
     let journal = Journal::load(data)?;
-    let local = crate::cluster::local::check(dirs);
+    let local = crate::etcd::local::check(dirs);
     let survey =
         crate::cluster::peers::survey(&cfg.client, &me.others, &cfg.cluster_endpoints, &me.client_urls).await;
     tracing::debug!(quorum = survey.quorum.is_some(), failures = ?survey.failures, "the other members asked");

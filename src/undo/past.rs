@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use super::{Entry, Filter, State};
-use crate::restore::plan::{self, Target};
 use crate::format::delta_codec::{EventType, Record};
+use crate::restore::plan::{self, Target};
 use crate::snapshot::verify::{read_delta, read_full_to_file};
 use crate::store::Store;
 

@@ -15,9 +15,9 @@ pub mod cluster;
 pub mod rollback;
 pub mod wal;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use crate::etcd::version::Version;
+use crate::etcd::version::{Version, last_release};
 use crate::format::bolt::{BoltFile, BucketValue};
 
 /// The storage version of the data dir's db, `None` when there is no readable db.
@@ -47,24 +47,6 @@ fn stored_version(data_dir: &Path) -> Option<(Version, bool)> {
         Version::new(3, 4, 0)
     };
     Some((fallback, false))
-}
-
-/// Where the warden records the release that last served a data dir.
-pub fn release_record(data_dir: &Path) -> PathBuf {
-    crate::etcd::dirs::beside(data_dir, ".warden-etcd-release")
-}
-
-/// The release that last served `data_dir` under the warden, if it recorded one.
-pub fn last_release(data_dir: &Path) -> Option<Version> {
-    Version::parse(std::fs::read_to_string(release_record(data_dir)).ok()?.trim())
-}
-
-/// Records `release` as the last one that served `data_dir`.
-pub fn record_release(data_dir: &Path, release: Version) -> std::io::Result<()> {
-    let path = release_record(data_dir);
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, format!("{release}\n"))?;
-    std::fs::rename(tmp, path)
 }
 
 /// The oldest patch release of minor `from` that etcd supports upgrading to the next minor from.

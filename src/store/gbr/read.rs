@@ -18,8 +18,8 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::names::{GbrCompression, GbrName};
-use crate::snapshot::compress::{Decompressor, Unpacker};
 use crate::format::delta_codec::{self, Event, EventType, Lease, Revision};
+use crate::snapshot::compress::{Decompressor, Unpacker};
 use crate::snapshot::full::TrailerCheck;
 use crate::snapshot::verify::{FullWorker, ObjectError};
 use crate::store::Store;
