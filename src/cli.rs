@@ -494,7 +494,7 @@ async fn list(url: &str, as_json: bool) -> i32 {
             })
             .collect();
         // Rollback points: full snapshots taken before a newer etcd minor first started.
-        for (n, h, size) in crate::upgrade::rollback::list(&store).await? {
+        for (n, h, size) in crate::store::rollback::list(&store).await? {
             let rev = n.last_revision();
             out.push(json!({
                 "key": n.key(), "kind": "rollback", "base": rev, "first": rev,
@@ -548,7 +548,7 @@ async fn list(url: &str, as_json: bool) -> i32 {
 /// The newest rollback point of data written by etcd `version` (`3.5` or `3.5.30`); exit 64
 /// naming the points there are when none matches.
 async fn rollback_point(store: &Store, version: &str) -> Result<crate::store::SnapshotName, i32> {
-    let points = crate::upgrade::rollback::list(store).await.map_err(|e| {
+    let points = crate::store::rollback::list(store).await.map_err(|e| {
         eprintln!("etcd-warden: {e}");
         1
     })?;

@@ -28,5 +28,5 @@ mod writer;
 pub use config::BackupConfig;
 pub use fulls::parse_cron;
 pub use handle::{BackupHandle, Control};
-pub use status::{BackupStatus, ChainBreak, DefragInfo, RetentionLocked, SnapInfo};
+pub use status::{BackupStatus, ChainBreak, DefragInfo, SnapInfo};
 pub use writer::Backup;

@@ -1,7 +1,7 @@
 //! Retention, run by the writer after an upload so it never races one.
 
-use super::status::RetentionLocked;
 use super::writer::Backup;
+use crate::store::retention::RetentionLocked;
 use crate::store::retention::{self};
 use crate::store::{ChainId, Store};
 

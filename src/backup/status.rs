@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use crate::store::retention::{self};
+use crate::store::retention::RetentionLocked;
 
 /// A chain that could not continue: the store held revisions up to `after`, etcd had compacted
 /// up to `compacted`, so the revisions between are in no delta.
@@ -86,24 +86,6 @@ impl BackupStatus {
     /// The problem the last encryption-key check found, if any.
     pub fn kube_keys_problem(&self) -> Option<String> {
         self.kube_keys.as_ref().and_then(|k| k.problem())
-    }
-}
-
-/// Objects retention would have deleted that an S3 Object Lock keeps (the last pass).
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct RetentionLocked {
-    pub objects: usize,
-    /// When the first of them becomes deletable (`None`: only legal holds keep them).
-    #[serde(with = "crate::telemetry::opt_unix_seconds")]
-    pub next_deletable_at: Option<SystemTime>,
-}
-
-impl RetentionLocked {
-    pub fn of(applied: &retention::Applied) -> Option<Self> {
-        (!applied.locked.is_empty()).then(|| Self {
-            objects: applied.locked.len(),
-            next_deletable_at: applied.next_deletable(),
-        })
     }
 }
 

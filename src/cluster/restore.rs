@@ -125,7 +125,7 @@ pub async fn apply(
         // The plan's own chain and revision, never "the newest backup at apply time": a member
         // that applies late restores what the others did (retention keeps that chain meanwhile).
         target: match (
-            crate::upgrade::rollback::parse(&plan.full),
+            crate::store::rollback::parse(&plan.full),
             SnapshotName::parse(&plan.full).ok().and_then(|n| n.chain()),
         ) {
             (Some(point), _) => Target::Rollback(point),

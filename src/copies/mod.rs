@@ -71,7 +71,7 @@ pub struct CopyStatus {
     #[serde(with = "crate::telemetry::opt_unix_seconds")]
     pub last_copied_at: Option<SystemTime>,
     pub retention_deleted_total: u64,
-    pub retention_locked: Option<crate::backup::RetentionLocked>,
+    pub retention_locked: Option<crate::store::retention::RetentionLocked>,
 }
 
 impl CopyStatus {
@@ -373,7 +373,7 @@ impl Task {
         }
         self.feed.status.send_modify(|s| {
             s.retention_deleted_total += applied.deleted as u64;
-            s.retention_locked = crate::backup::RetentionLocked::of(&applied);
+            s.retention_locked = crate::store::retention::RetentionLocked::of(&applied);
         });
         Ok(())
     }

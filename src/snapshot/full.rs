@@ -103,7 +103,7 @@ fn etcd(what: &'static str) -> impl FnOnce(etcd_client::Error) -> SnapshotError 
 }
 
 /// Takes one full snapshot of the etcd behind `client` into `store`. `rollback_for`: it is the
-/// rollback point before that release starts (`crate::upgrade::rollback`), under `v1/rollback/`.
+/// rollback point before that release starts (`crate::upgrade::rollback`), under `v1/rollback/` (`crate::store::rollback`).
 pub async fn take_full(
     client: &mut Client,
     store: &Store,

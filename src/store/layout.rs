@@ -163,7 +163,7 @@ pub enum Layout {
     Warden,
     /// Gardener's etcd-backup-restore, read in place (`crate::store::gbr`); never written or deleted.
     Gbr(crate::store::gbr::GbrName),
-    /// A rollback point: this program's format, under `v1/rollback/` (`crate::upgrade::rollback`).
+    /// A rollback point: this program's format, under `v1/rollback/` (`crate::store::rollback`).
     Rollback,
 }
 

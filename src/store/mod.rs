@@ -12,6 +12,7 @@ pub mod lock;
 pub mod owner;
 pub mod plan;
 pub mod retention;
+pub mod rollback;
 pub mod sign;
 pub mod url;
 

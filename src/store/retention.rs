@@ -14,7 +14,9 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
 
 use super::layout::{ChainId, Kind, SnapshotName};
 
@@ -195,9 +197,9 @@ pub async fn apply(
     let mut doomed = plan(&fulls, &chains, now_ms, policy, pinned);
     // Rollback points go once `--rollback-retention` has passed since each was taken.
     if let Some(keep) = rollback_keep {
-        match crate::upgrade::rollback::list(store).await {
+        match crate::store::rollback::list(store).await {
             Ok(points) => {
-                for key in crate::upgrade::rollback::expired(&points, now_ms, keep) {
+                for key in crate::store::rollback::expired(&points, now_ms, keep) {
                     tracing::info!(key, keep = %humantime::format_duration(keep), "rollback point expired");
                     doomed.push(key);
                 }
@@ -225,6 +227,24 @@ pub async fn apply(
         );
     }
     Ok(applied)
+}
+
+/// Objects retention would have deleted that an S3 Object Lock keeps (the last pass).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct RetentionLocked {
+    pub objects: usize,
+    /// When the first of them becomes deletable (`None`: only legal holds keep them).
+    #[serde(with = "crate::telemetry::opt_unix_seconds")]
+    pub next_deletable_at: Option<SystemTime>,
+}
+
+impl RetentionLocked {
+    pub fn of(applied: &Applied) -> Option<Self> {
+        (!applied.locked.is_empty()).then(|| Self {
+            objects: applied.locked.len(),
+            next_deletable_at: applied.next_deletable(),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Rollback points: before a newer minor release first starts on a data dir, a full snapshot of
 //! the data as the older release left it, in `<prefix>/v1/rollback/` (beside `v1/full/`, so
 //! restores of the newest backup and ordinary retention never take it for a full; `backups list`
-//! shows it; [`expired`] says when it goes). Its header names the release that wrote the data
+//! shows it; `crate::store::rollback` names, lists and expires it). Its header names the release that wrote the data
 //! (`etcd_version`) and the one about to start (`rollback_for`).
 //!
 //! Two ways to take it, both with etcd stopped: through a private etcd of the older release when
@@ -20,63 +20,7 @@ use crate::snapshot::full::upload_stream;
 use crate::store::Store;
 use crate::store::format::{Footer, Header};
 use crate::store::layout::{self, Compression, Kind, SnapshotName};
-
-/// The directory of rollback points under the store's prefix.
-pub const DIR: &str = "v1/rollback";
-
-/// The name of a rollback point's key (layout `Rollback`, whose `key()` is under `v1/rollback/`),
-/// `None` for anything else.
-pub fn parse(key: &str) -> Option<SnapshotName> {
-    let rest = key.strip_prefix(&format!("{DIR}/"))?;
-    let mut name = SnapshotName::parse(&format!("v1/full/{rest}")).ok()?;
-    name.layout = layout::Layout::Rollback;
-    Some(name)
-}
-
-/// The rollback points in the store, oldest first, with each one's header and size.
-pub async fn list(store: &Store) -> Result<Vec<(SnapshotName, Header, u64)>, String> {
-    use futures_util::TryStreamExt;
-    let prefix = object_store::path::Path::from(DIR);
-    let metas: Vec<object_store::ObjectMeta> = store
-        .inner
-        .list(Some(&prefix))
-        .try_collect()
-        .await
-        .map_err(|e| format!("list {DIR} in {}: {e}", store.url))?;
-    with_headers(store, metas).await
-}
-
-/// The listed rollback points with their headers, oldest first; one that is gone by the time its
-/// header is read is left out.
-async fn with_headers(
-    store: &Store,
-    metas: Vec<object_store::ObjectMeta>,
-) -> Result<Vec<(SnapshotName, Header, u64)>, String> {
-    let mut out = Vec::new();
-    for m in metas {
-        let key = m.location.to_string();
-        if let Some(name) = parse(&key) {
-            let header = match crate::store::format::read_header(
-                store.inner.as_ref(),
-                &key,
-                &store.keys.signing,
-            )
-            .await
-            {
-                Ok(header) => header,
-                // Expired by retention (this or another warden) between the listing and the read.
-                Err(crate::store::format::FormatError::Read {
-                    source: object_store::Error::NotFound { .. },
-                    ..
-                }) => continue,
-                Err(e) => return Err(format!("read {key}: {}", crate::telemetry::error_chain(&e))),
-            };
-            out.push((name, header, m.size));
-        }
-    }
-    out.sort_by_key(|(n, _, _)| (n.last_revision(), n.created_ms));
-    Ok(out)
-}
+use crate::store::rollback::list;
 
 /// Whether the store already holds a rollback point at `revision` (a start that failed after
 /// taking it, tried again).
@@ -113,19 +57,6 @@ pub async fn take_through(
     .await
     .map_err(|e| crate::telemetry::error_chain(&e))?;
     Ok(Some((r.name.key(), r.name.last_revision())))
-}
-
-/// The rollback points older than `keep` at `now_ms`: retention deletes them.
-pub fn expired(
-    points: &[(SnapshotName, Header, u64)],
-    now_ms: u64,
-    keep: std::time::Duration,
-) -> Vec<String> {
-    points
-        .iter()
-        .filter(|(n, _, _)| now_ms.saturating_sub(n.created_ms) > keep.as_millis() as u64)
-        .map(|(n, _, _)| n.key())
-        .collect()
 }
 
 /// Takes the rollback point of `data_dir` (written by `written_by`, a release or a minor) before
@@ -210,39 +141,4 @@ pub async fn take(
         .await
         .map_err(|e| crate::telemetry::error_chain(&e))?;
     Ok(Some((key, revision)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use object_store::ObjectStoreExt;
-
-    /// `backups list` raced retention in CI: the point was listed, then expired before its header
-    /// was read, and the whole listing failed.
-    #[tokio::test]
-    async fn a_point_expired_between_listing_and_reading_is_left_out() {
-        let dir = tempfile::tempdir().unwrap();
-        let url: crate::store::StoreUrl = format!("file://{}", dir.path().display()).parse().unwrap();
-        let store = Store::open(&url).unwrap();
-        let key = format!("{DIR}/full-00000000000000000031-20261204T004342846Z-zstd-plain.ews");
-        let meta = |key: &str| object_store::ObjectMeta {
-            location: object_store::path::Path::from(key),
-            last_modified: chrono::Utc::now(),
-            size: 12,
-            e_tag: None,
-            version: None,
-        };
-        assert!(with_headers(&store, vec![meta(&key)]).await.unwrap().is_empty());
-        // Anything else that cannot be read still fails the listing.
-        store
-            .inner
-            .put(
-                &object_store::path::Path::from(key.as_str()),
-                b"not a warden object".to_vec().into(),
-            )
-            .await
-            .unwrap();
-        let err = with_headers(&store, vec![meta(&key)]).await.unwrap_err();
-        assert!(err.contains("no magic"), "{err}");
-    }
 }
