@@ -7,8 +7,8 @@ use serde_json::json;
 
 use crate::config::{BackupsCommand, SnapshotArgs};
 use crate::etcd::client::{ClientConfig, TlsFiles};
-use crate::snapshot::crypt::Keys;
 use crate::snapshot::{full, verify};
+use crate::store::crypt::Keys;
 use crate::store::layout::Kind;
 use crate::store::{Store, StoreUrl};
 use std::path::{Path, PathBuf};

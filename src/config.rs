@@ -1351,8 +1351,8 @@ pub fn keys(
     to_files: &[PathBuf],
     read: &ReadKeys,
     sign_key: Option<&Path>,
-) -> Result<crate::snapshot::crypt::Keys, ConfigError> {
-    use crate::snapshot::crypt;
+) -> Result<crate::store::crypt::Keys, ConfigError> {
+    use crate::store::crypt;
     // The reason names its source: `--encrypt-to: …`, or the file of --encrypt-to-file.
     let recipients =
         crypt::recipients(to, to_files).map_err(|reason| match reason.strip_prefix("--encrypt-to: ") {

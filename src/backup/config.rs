@@ -30,7 +30,7 @@ pub struct BackupConfig {
     /// `--defrag-schedule`: defragment etcd's backend, between snapshots, never during one.
     pub defrag_schedule: Option<croner::Cron>,
     /// `--encrypt-to` recipients and `--identity-file` identities.
-    pub keys: crate::snapshot::crypt::Keys,
+    pub keys: crate::store::crypt::Keys,
     /// `--gbr-lease-ttl`: what a restore from GBR's backups gives the leases they do not describe.
     pub gbr_lease_ttl: Duration,
     /// `--space-keeper` and its thresholds.

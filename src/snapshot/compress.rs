@@ -4,7 +4,7 @@
 
 use std::io::{self, Write};
 
-use super::crypt::{Keys, Opener, Sealer};
+use crate::store::crypt::{Keys, Opener, Sealer};
 use crate::store::layout::{Compression, Encryption};
 
 /// zstd level: 3 is zstd's default, fast enough to keep up with etcd's snapshot stream on one core.

@@ -120,7 +120,7 @@ where
             .signing
             .unsigned(&name.key(), "is etcd-backup-restore's (never signed)")
             .map_err(ObjectError::Corrupt)?;
-        return crate::store::gbr::read::read_verified(store, name, g, on_raw).await;
+        return crate::snapshot::gbr::read_verified(store, name, g, on_raw).await;
     }
     let mut unavailable = None;
     read_checked(store, name, on_raw, &mut unavailable)
@@ -376,7 +376,7 @@ pub async fn read_full_to_file(
             .signing
             .unsigned(&name.key(), "is etcd-backup-restore's (never signed)")
             .map_err(ObjectError::Corrupt)?;
-        return crate::store::gbr::read::read_full_to_file(store, name, g, path, progress).await;
+        return crate::snapshot::gbr::read_full_to_file(store, name, g, path, progress).await;
     }
     let local = |e: String| ObjectError::Local(e);
     let key = name.key();

@@ -1,9 +1,12 @@
-//! Where backups live: the `--store` URL (`url`), the key layout (`layout`), the self-verifying
-//! object format (`format`), retention (`retention`), and opening the object_store client with
-//! retries short enough that an outage shows in /status within one delta period.
+//! Where backups live: the `--store` URL (`url`), the key layout (`layout`, with GBR's names in
+//! `gbr`), the self-verifying object format (`format`), its signature (`sign`) and encryption
+//! (`crypt`), retention (`retention`, `rollback`), and opening the object_store client with retries
+//! short enough that an outage shows in /status within one delta period. It calls only the floor
+//! (`telemetry`); what moves snapshot bytes in and out is `crate::snapshot`, one floor up.
 
 pub mod copy;
 pub mod credentials;
+pub mod crypt;
 pub mod format;
 pub mod gbr;
 pub mod head;
@@ -115,9 +118,9 @@ pub struct Store {
     pub url: StoreUrl,
     pub inner: Arc<dyn ObjectStore>,
     /// age keys: recipients to encrypt new snapshots to, identities to read encrypted ones.
-    pub keys: crate::snapshot::crypt::Keys,
+    pub keys: crate::store::crypt::Keys,
     /// The TTL (seconds) a restore gives a lease that a GBR delta names but does not describe
-    /// (`--gbr-lease-ttl`; `crate::store::gbr::read`).
+    /// (`--gbr-lease-ttl`; `crate::snapshot::gbr`).
     pub gbr_lease_ttl: i64,
     /// S3 stores: reads an object's Object Lock before retention deletes it.
     pub locks: lock::Locks,
@@ -168,7 +171,7 @@ macro_rules! configure {
 }
 
 impl Store {
-    pub fn with_keys(mut self, keys: crate::snapshot::crypt::Keys) -> Self {
+    pub fn with_keys(mut self, keys: crate::store::crypt::Keys) -> Self {
         self.keys = keys;
         self
     }

@@ -11,10 +11,9 @@
 //! - `v1/Backup-<unix s>/` holds the same names in the older layout.
 //!
 //! The warden lists, verifies and restores these beside its own `v1/full` and `v1/delta` objects
-//! ([`names`] for keys and chains, [`read`] for bytes), and never writes or deletes one: its own
+//! ([`names`] for keys and chains; `crate::snapshot::gbr` reads the bytes), and never writes or deletes one: its own
 //! keys never match GBR's grammar, so GBR ignores them in turn (it logs a warning per listing).
 
 pub mod names;
-pub mod read;
 
 pub use names::{GbrCompression, GbrName};

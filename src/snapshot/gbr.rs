@@ -17,13 +17,13 @@ use object_store::path::Path;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::names::{GbrCompression, GbrName};
 use crate::format::delta_codec::{self, Event, EventType, Lease, Revision};
 use crate::snapshot::compress::{Decompressor, Unpacker};
 use crate::snapshot::full::TrailerCheck;
 use crate::snapshot::verify::{FullWorker, ObjectError};
 use crate::store::Store;
 use crate::store::format::{self, Footer, Header, Verified};
+use crate::store::gbr::{GbrCompression, GbrName};
 use crate::store::layout::{Compression, Encryption, Kind, SnapshotName};
 
 /// A delta is held whole: its digest is at its end. GBR cuts one at `--delta-snapshot-memory-limit`
