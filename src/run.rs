@@ -711,7 +711,7 @@ impl Terms {
             if let Some(old) = self.promote.take() {
                 old.abort();
             }
-            let Ok(me) = crate::cluster::startup::me(&self.config) else {
+            let Ok(me) = crate::startup::cluster::me(&self.config) else {
                 return Ok(());
             };
             let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
@@ -753,7 +753,7 @@ impl Terms {
         let data = std::env::current_dir()
             .unwrap_or_else(|_| "/".into())
             .join(&self.config.etcd.data_dir);
-        let to = crate::startup::beside(
+        let to = crate::etcd::dirs::beside(
             &data,
             &format!(
                 ".left-{}",

@@ -11,7 +11,7 @@ use super::members::members_of;
 use super::status::SnapInfo;
 use super::writer::Backup;
 use super::writer::Outcome;
-use crate::cluster::leadership::{LEADERSHIP_CHECK, leads};
+use crate::backup::leadership::{LEADERSHIP_CHECK, leads};
 use crate::snapshot::delta::DeltaBuffer;
 use crate::store::head::{Head, Uploaded};
 use crate::store::{ChainId, Store};
@@ -36,7 +36,7 @@ impl Backup {
         if !self.cfg.cluster {
             // Scaled up at run time (members added to a single member): one writer from now on,
             // the leader's warden.
-            if crate::cluster::leadership::member_count(client)
+            if crate::backup::leadership::member_count(client)
                 .await
                 .is_some_and(|n| n > 1)
             {
@@ -55,7 +55,7 @@ impl Backup {
             self.unanswered = 0;
             // A repaired member's learner is promoted by the writer too, so a learner whose own
             // warden died is not left behind.
-            crate::cluster::leadership::promote_caught_up_learners(client).await;
+            crate::backup::leadership::promote_caught_up_learners(client).await;
             self.keep_members_current(client, store).await;
         }
         if self.superseded_in.is_some() {
@@ -118,7 +118,7 @@ impl Backup {
         if owner.cluster_id != self.identity.cluster_id
             && let Ok(Some(plan)) = store.current_plan().await
             && plan.previous_cluster_id == owner.cluster_id
-            && crate::cluster::restore::marker(&self.cfg.data_dir).is_some_and(|m| m.plan == plan.id)
+            && crate::restore::marker::plan_applied(&self.cfg.data_dir).is_some_and(|m| m.plan == plan.id)
         {
             tracing::warn!(plan = %plan.id, previous = format!("{:x}", owner.cluster_id), now = format!("{:x}", self.identity.cluster_id), "this cluster was restored by the store's cluster restore plan: it takes over the prefix");
             let ours = crate::store::owner::Owner {

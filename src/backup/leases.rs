@@ -6,7 +6,7 @@ use std::time::Duration;
 use etcd_client::Client;
 
 use super::writer::{Backup, Outcome};
-use crate::cluster::leadership::LEADERSHIP_CHECK;
+use crate::backup::leadership::LEADERSHIP_CHECK;
 use crate::format::delta_codec::Lease;
 use crate::snapshot::delta::DeltaBuffer;
 

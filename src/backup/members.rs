@@ -3,7 +3,7 @@
 use etcd_client::Client;
 
 use super::writer::Backup;
-use crate::cluster::leadership::LEADERSHIP_CHECK;
+use crate::backup::leadership::LEADERSHIP_CHECK;
 use crate::store::Store;
 
 /// etcd's member list as the store's cluster record keeps it; `None` when etcd does not answer.

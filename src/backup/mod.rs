@@ -16,6 +16,7 @@ mod config;
 mod fencing;
 mod fulls;
 mod handle;
+pub mod leadership;
 mod leases;
 mod members;
 mod retention;

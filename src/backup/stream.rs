@@ -10,7 +10,7 @@ use super::handle::Control;
 use super::leases::{LeaseSetAt, lease_granted_ttl};
 use super::status::{ChainBreak, SnapInfo};
 use super::writer::{Backup, Outcome, SPACE_CHECK, mtime};
-use crate::cluster::leadership::LEADERSHIP_CHECK;
+use crate::backup::leadership::LEADERSHIP_CHECK;
 use crate::format::delta_codec::{Event, EventType, Lease, Revision};
 use crate::snapshot::delta::{self, DeltaBuffer};
 use crate::store::head::Uploaded;

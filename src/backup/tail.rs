@@ -77,7 +77,7 @@ pub async fn upload_tail(
         &data,
         cfg.etcd.wal_path().as_deref(),
         &cfg.etcd.name,
-        &crate::startup::beside(&data, ".tail.log"),
+        &crate::etcd::dirs::beside(&data, ".tail.log"),
         false,
     )
     .await?;

@@ -12,7 +12,7 @@ use super::fencing::Leadership;
 use super::handle::{BackupHandle, Control};
 use super::leases::LeaseSetAt;
 use super::status::BackupStatus;
-use crate::cluster::leadership::Identity;
+use crate::backup::leadership::Identity;
 use crate::etcd::Health;
 use crate::etcd::supervisor::{ChildState, Phase};
 use crate::store::head::{Head, Uploaded};
@@ -258,7 +258,7 @@ impl Backup {
                 }
             };
             if !self.cfg.cluster
-                && crate::cluster::leadership::member_count(&mut client)
+                && crate::backup::leadership::member_count(&mut client)
                     .await
                     .is_some_and(|n| n > 1)
             {

@@ -25,7 +25,7 @@ pub struct Journal {
 }
 
 pub fn path(data: &Path) -> PathBuf {
-    crate::startup::beside(data, ".warden-repair.json")
+    crate::etcd::dirs::beside(data, ".warden-repair.json")
 }
 
 impl Journal {
@@ -45,7 +45,7 @@ impl Journal {
 
     pub fn save(&self, data: &Path) -> Result<(), String> {
         let p = path(data);
-        let tmp = crate::startup::beside(data, ".warden-repair.json.tmp");
+        let tmp = crate::etcd::dirs::beside(data, ".warden-repair.json.tmp");
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::File::create(&tmp)?;
             f.write_all(&serde_json::to_vec_pretty(self).unwrap_or_default())?;
@@ -61,7 +61,7 @@ impl Journal {
 
     /// The repair is over: the journal is kept as `<data-dir>.warden-repair.done.json`.
     pub fn finish(data: &Path) {
-        let done = crate::startup::beside(data, ".warden-repair.done.json");
+        let done = crate::etcd::dirs::beside(data, ".warden-repair.done.json");
         if let Err(e) = std::fs::rename(path(data), &done)
             && e.kind() != std::io::ErrorKind::NotFound
         {

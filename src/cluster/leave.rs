@@ -20,7 +20,7 @@ pub struct Left {
 }
 
 pub fn marker_path(data: &Path) -> PathBuf {
-    crate::startup::beside(data, ".warden-left.json")
+    crate::etcd::dirs::beside(data, ".warden-left.json")
 }
 
 pub fn marker(data: &Path) -> Option<Left> {

@@ -120,7 +120,7 @@ pub async fn take_final(
         p.stop().await;
         // The next start-up check need not start another private etcd on the same files.
         if let Some(revision) = served {
-            crate::restore::startup::served_by_private_etcd(
+            crate::startup::restore::served_by_private_etcd(
                 &crate::etcd::MemberDirs::of(&cfg.etcd),
                 revision,
             );
@@ -149,7 +149,7 @@ async fn attempt(
                 &data,
                 cfg.etcd.wal_path().as_deref(),
                 &cfg.etcd.name,
-                &crate::startup::beside(&data, ".final-snapshot.log"),
+                &crate::etcd::dirs::beside(&data, ".final-snapshot.log"),
                 false,
             )
             .await?,

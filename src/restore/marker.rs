@@ -1,3 +1,5 @@
+//! The markers the warden leaves beside a data dir about where its data came from.
+//!
 //! `<data-dir>.warden-restored`: the data dir holds a restore whose revision was bumped (from the
 //! backed-up revision to the served one, everything below marked compacted). The backup writer
 //! reads it when it would resume a chain that ends below the served revision: those revisions are
@@ -53,6 +55,24 @@ pub fn read(data_dir: &Path) -> Option<Restored> {
         .read_to_end(&mut text)
         .ok()?;
     serde_json::from_slice(&text).ok()
+}
+
+/// `<data-dir>.warden-plan.json`: the cluster restore plan this member's data came from (written
+/// when the member restored by it; `crate::cluster::restore`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct PlanApplied {
+    pub plan: String,
+    pub revision: i64,
+    pub at_ms: u64,
+}
+
+pub fn plan_path(data: &Path) -> PathBuf {
+    crate::etcd::dirs::beside(data, ".warden-plan.json")
+}
+
+/// The plan this member's data came from, if any.
+pub fn plan_applied(data: &Path) -> Option<PlanApplied> {
+    serde_json::from_slice(&std::fs::read(plan_path(data)).ok()?).ok()
 }
 
 #[cfg(test)]

@@ -7,7 +7,6 @@ pub mod execute;
 pub mod marker;
 pub mod plan;
 mod replay;
-pub mod startup;
 mod write;
 
 pub use execute::{RestoreOptions, RestoreReport, restore};

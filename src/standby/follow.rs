@@ -210,7 +210,7 @@ impl Follower {
         if let Some(s) = &self.open {
             return Ok(s.clone());
         }
-        let s = crate::restore::startup::open_store(&self.cfg)?;
+        let s = crate::startup::restore::open_store(&self.cfg)?;
         self.open = Some(s.clone());
         Ok(s)
     }

@@ -1,9 +1,15 @@
 //! Before etcd starts: one decision ([`decide`], a pure table) over what this member's data, the
 //! store and the peers say, and a thin driver that gathers those facts, carries the action out
 //! (a restore, a step of a repair through the peers, a restore plan) and asks again until the
-//! action starts etcd. A single member and a cluster member are rows of the same table.
+//! action starts etcd. A single member and a cluster member are rows of the same table. The
+//! actions: `restore` (this member's data from the store), `cluster` (a cluster member's facts
+//! and repair steps through its peers), `plan` (a cluster restore plan). It calls `cluster`,
+//! `restore` and everything below them.
 
+pub mod cluster;
 pub mod decide;
+pub mod plan;
+pub mod restore;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -15,8 +21,6 @@ use crate::config::RunConfig;
 use crate::etcd::MemberDirs;
 use crate::process::pid1::Reaper;
 use decide::{Action, Facts, Local};
-
-pub use crate::etcd::dirs::beside;
 
 /// What start-up decided.
 #[derive(Debug, Clone, PartialEq)]
@@ -131,9 +135,9 @@ async fn single_round(
     member: &watch::Sender<Option<String>>,
     store_delay: &mut Duration,
 ) -> Result<Option<Decision>, String> {
-    let local = crate::restore::startup::local_fact(dirs);
+    let local = crate::startup::restore::local_fact(dirs);
     let offline = (local != Local::Missing)
-        .then(|| crate::restore::startup::offline_revision(dirs))
+        .then(|| crate::startup::restore::offline_revision(dirs))
         .flatten();
     let mut facts = Facts {
         left,
@@ -147,8 +151,8 @@ async fn single_round(
             Action::ListStore => {
                 step(status, "listing backups");
                 // Opened on every attempt: a fixed credentials file is picked up while waiting.
-                let listed = match crate::restore::startup::open_store(cfg) {
-                    Ok(store) => crate::restore::startup::newest_backup(&store).await,
+                let listed = match crate::startup::restore::open_store(cfg) {
+                    Ok(store) => crate::startup::restore::newest_backup(&store).await,
                     Err(e) => Err(e),
                 };
                 if let Err(e) = &listed {
@@ -158,7 +162,7 @@ async fn single_round(
             }
             Action::Validate => {
                 step(status, "validating the data dir with a private etcd");
-                facts.local = crate::restore::startup::validate(cfg, reaper, dirs).await;
+                facts.local = crate::startup::restore::validate(cfg, reaper, dirs).await;
                 match &facts.local {
                     Local::At(r) => tracing::info!(local = r, "the data dir starts"),
                     Local::Broken(e) => tracing::error!(error = %e, "the data dir does not start"),
@@ -179,7 +183,7 @@ async fn single_round(
             Action::Restore { aside, floor } => {
                 step(status, "restoring from the store");
                 let newest = facts.newest_backup.clone().and_then(Result::ok).flatten();
-                return crate::restore::startup::restore_member(
+                return crate::startup::restore::restore_member(
                     cfg, reaper, status, dirs, aside, floor, newest,
                 )
                 .await
@@ -212,7 +216,7 @@ async fn cluster_round(
     status: &watch::Sender<Option<String>>,
     member: &watch::Sender<Option<String>>,
 ) -> Result<Option<Decision>, String> {
-    use crate::cluster::startup as cs;
+    use crate::startup::cluster as cs;
     let me = cs::me(cfg)?;
     let data = &dirs.data;
     if left.is_some() {
@@ -248,7 +252,7 @@ async fn cluster_round(
                 }
                 _ => false,
             };
-            let marker = crate::cluster::restore::marker(data);
+            let marker = crate::restore::marker::plan_applied(data);
             Some(Ok(Some(crate::cluster::restore::applies(
                 p,
                 survey.quorum.is_some(),
@@ -318,7 +322,7 @@ async fn cluster_round(
                 let (Ok(Some(plan)), Some(store)) = (&plan, &store) else {
                     return Err("start-up: a plan to apply without a plan".into());
                 };
-                return match crate::cluster::restore::apply(cfg, reaper, store, data, plan, member).await {
+                return match plan::apply(cfg, reaper, store, data, plan, member).await {
                     Ok(d) => Ok(Some(d)),
                     Err(e) => {
                         waited(format!("cluster restore plan {}: {e}; retrying", plan.id));

@@ -36,7 +36,7 @@ const ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What the other members answered; those that did not are skipped (logged).
 pub async fn peer_releases(cfg: &RunConfig) -> Vec<PeerRelease> {
-    let Ok(me) = crate::cluster::startup::me(cfg) else {
+    let Ok(me) = crate::startup::cluster::me(cfg) else {
         return Vec::new();
     };
     let mut out = Vec::new();

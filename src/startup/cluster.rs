@@ -1,14 +1,14 @@
 //! A cluster member's part of the start-up (`crate::startup` decides, from the table in
 //! `crate::startup::decide`): the facts only the peers and the store can give, and the repair's
 //! steps through the peers. Every step is logged with its evidence and journaled
-//! ([`super::journal`]) so a warden killed at any step resumes it. A member rejoins through its
+//! ([`crate::cluster::journal`]) so a warden killed at any step resumes it. A member rejoins through its
 //! peers, never from the store: restoring one member from a backup while the others keep quorum
 //! would fork the cluster.
 
 use std::path::Path;
 
-use super::journal::Journal;
-use super::peers::{self, ChangeError, Member, Survey};
+use crate::cluster::journal::Journal;
+use crate::cluster::peers::{self, ChangeError, Member, Survey};
 use crate::config::RunConfig;
 use crate::etcd::local::LocalData;
 use crate::startup::Decision;
@@ -291,7 +291,7 @@ pub async fn remove_entry(
             ".broken-{}",
             crate::store::layout::format_time(crate::store::layout::now_ms())
         );
-        let to = crate::startup::beside(data, &suffix);
+        let to = crate::etcd::dirs::beside(data, &suffix);
         journal.moved_aside = Some(to.clone());
         journal.save(data)?;
         // With --wal-dir the WAL goes aside too (to `<wal-dir><suffix>`): the learner must start on

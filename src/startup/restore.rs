@@ -9,19 +9,20 @@
 //!   restore that fails puts the data dir back, and one that reached only older data than the
 //!   local dir (corrupt or missing objects) puts the local dir back and keeps the restore aside.
 //! - Multi-member clusters are never restored from backup: a member that restores while the others
-//!   keep quorum would fork the cluster (`crate::cluster::startup` rejoins through the peers).
+//!   keep quorum would fork the cluster (`crate::startup::cluster` rejoins through the peers).
 
 use tokio::sync::watch;
 
-use super::execute::{RestoreOptions, restore};
-use super::plan::{self, Target};
 use crate::config::RunConfig;
 use crate::etcd::MemberDirs;
+use crate::etcd::dirs::beside;
 use crate::etcd::dirs::is_empty_dir;
 use crate::etcd::private::PrivateEtcd;
 use crate::process::pid1::Reaper;
+use crate::restore::execute::{RestoreOptions, restore};
+use crate::restore::plan::{self, Target};
+use crate::startup::Decision;
 use crate::startup::decide::{Aside, Local};
-use crate::startup::{Decision, beside};
 use crate::store::Store;
 
 pub fn open_store(cfg: &RunConfig) -> Result<Store, String> {
@@ -197,7 +198,7 @@ pub async fn restore_member(
     let opts = RestoreOptions {
         progress: {
             let status = status.clone();
-            super::execute::Progress::to(move |what| {
+            crate::restore::execute::Progress::to(move |what| {
                 if what.is_some() {
                     status.send_replace(what);
                 }
