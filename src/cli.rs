@@ -1033,7 +1033,7 @@ pub async fn verify_deep(
             for (key, why) in &r.skipped {
                 println!("FAIL  deep: newest chain unusable, {key}: {why}");
             }
-            let opened = crate::restore::drill::open_with_etcd(
+            let opened = crate::restore::check::open_with_etcd(
                 &reaper,
                 &opts.etcd,
                 &opts.data_dir,

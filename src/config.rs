@@ -19,6 +19,7 @@ use crate::backup::BackupConfig;
 use crate::etcd::supervisor::{Launch, Policy};
 use crate::etcd::{ClientConfig, EtcdArgs, TlsOverrides};
 use crate::ownership::{Lookup, OwnershipConfig};
+use crate::startup::member::MemberConfig;
 use crate::store::StoreUrl;
 use crate::store::layout::Compression;
 use crate::telemetry::LogFormat;
@@ -736,21 +737,14 @@ pub const DEFAULT_RESTORE_BUMP: u64 = 1_000_000_000;
 /// Everything `run` needs, validated.
 #[derive(Debug, Clone)]
 pub struct RunConfig {
-    pub launch: Launch,
-    pub etcd: EtcdArgs,
-    pub client: ClientConfig,
-    pub store: StoreUrl,
+    /// What the start-up, the standby, fencing and upgrades read.
+    pub member: MemberConfig,
     pub listen: SocketAddr,
     pub policy: Policy,
     pub health_interval: Duration,
     pub log_format: LogFormat,
     pub config_file: Option<PathBuf>,
-    pub backup: BackupConfig,
     pub verify_schedule: Option<croner::Cron>,
-    /// The revision bump of an automatic restore at start (0: none).
-    pub restore_bump_revision: u64,
-    /// `--cluster-endpoints`: other members' client URLs (clusters).
-    pub cluster_endpoints: Vec<String>,
     /// `None`: no ownership check; this host always owns the data.
     pub ownership: Option<OwnershipConfig>,
     pub admin_socket: Option<PathBuf>,
@@ -949,18 +943,6 @@ fn duration(option: &'static str, value: Option<&str>, default: &str) -> Result<
 }
 
 impl RunConfig {
-    /// A member of a cluster: `--initial-cluster` names others, or its data dir's membership does
-    /// (members added at run time to what was started as one).
-    pub fn is_cluster_member(&self) -> bool {
-        let configured = self
-            .etcd
-            .initial_cluster
-            .as_deref()
-            .map(|c| c.split(',').filter(|s| !s.trim().is_empty()).count())
-            .unwrap_or(1);
-        configured.max(crate::etcd::local::member_count(&self.backup.data_dir).unwrap_or(0)) > 1
-    }
-
     /// Validates `run`'s arguments against the environment and the filesystem, touching nothing.
     pub fn from_args(args: RunArgs, env: &HashMap<String, String>) -> Result<Self, ConfigError> {
         let source = args.clone();
@@ -1312,14 +1294,19 @@ impl RunConfig {
                 .is_some_and(|c| c.split(',').filter(|m| !m.trim().is_empty()).count() > 1),
         };
         Ok(Self {
-            launch: Launch {
-                program,
-                args: etcd_argv.to_vec(),
-                env: Vec::new(),
+            member: MemberConfig {
+                launch: Launch {
+                    program,
+                    args: etcd_argv.to_vec(),
+                    env: Vec::new(),
+                },
+                etcd,
+                client,
+                store,
+                backup,
+                restore_bump_revision: o.restore_bump_revision.unwrap_or(DEFAULT_RESTORE_BUMP),
+                cluster_endpoints: o.cluster_endpoints.clone().unwrap_or_default(),
             },
-            etcd,
-            client,
-            store,
             listen,
             policy: Policy {
                 backoff_min,
@@ -1330,10 +1317,7 @@ impl RunConfig {
             health_interval,
             log_format: o.log_format.unwrap_or(LogFormat::Text),
             config_file: args.config,
-            backup,
             verify_schedule,
-            restore_bump_revision: o.restore_bump_revision.unwrap_or(DEFAULT_RESTORE_BUMP),
-            cluster_endpoints: o.cluster_endpoints.clone().unwrap_or_default(),
             ownership,
             admin_socket: o.admin_socket,
             admin_token_file: o.admin_token_file,
@@ -1551,19 +1535,19 @@ mod tests {
         let c = parse(&["w", "run", "--", "/bin/sh", "--data-dir", "/tmp/x.etcd"]).unwrap();
         assert_eq!(c.listen, "0.0.0.0:2378".parse().unwrap());
         assert_eq!(
-            c.store,
+            c.member.store,
             StoreUrl::File {
                 path: "/tmp/x.etcd.backups".into()
             }
         );
         assert_eq!(c.policy.stop_timeout, Duration::from_secs(30));
-        assert_eq!(c.launch.program, PathBuf::from("/bin/sh"));
+        assert_eq!(c.member.launch.program, PathBuf::from("/bin/sh"));
         assert_eq!(
-            c.launch.args,
+            c.member.launch.args,
             vec![OsString::from("--data-dir"), OsString::from("/tmp/x.etcd")]
         );
-        assert_eq!(c.client.endpoints, vec!["http://localhost:2379"]);
-        assert_eq!(c.backup.gbr_lease_ttl, Duration::from_secs(3600));
+        assert_eq!(c.member.client.endpoints, vec!["http://localhost:2379"]);
+        assert_eq!(c.member.backup.gbr_lease_ttl, Duration::from_secs(3600));
         let dir = tempfile::tempdir().unwrap();
         let store = format!("file://{}", dir.path().display());
         let c = parse(&[
@@ -1580,7 +1564,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(
-            c.backup.open_store().unwrap().gbr_lease_ttl,
+            c.member.backup.open_store().unwrap().gbr_lease_ttl,
             1200,
             "--gbr-lease-ttl reaches the store a start-up restore reads"
         );

@@ -144,8 +144,8 @@ fn run_command(
         }
     };
     let checked = match config.standby {
-        Some(_) => etcd_warden::standby::check_usage(&config),
-        None => etcd_warden::standby::check_not_a_standby(&config),
+        Some(_) => etcd_warden::standby::check_usage(&config.member),
+        None => etcd_warden::standby::check_not_a_standby(&config.member),
     };
     if let Err(e) = checked {
         eprintln!("etcd-warden: {e}");

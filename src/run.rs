@@ -54,7 +54,7 @@ pub async fn run(
     let (child_tx, child_rx) = watch::channel(ChildState::initial());
     let (health_tx, health_rx) = watch::channel(Health::default());
     let (backup_tx, backup_rx) = watch::channel(BackupStatus::default());
-    let (drill_tx, drill_rx) = watch::channel(crate::restore::drill::DrillStatus::default());
+    let (drill_tx, drill_rx) = watch::channel(crate::backup::drill::DrillStatus::default());
     let (stopping_tx, stopping_rx) = watch::channel(false);
     let (restoring_tx, restoring_rx) = watch::channel(Some("checking the data dir".to_owned()));
     let (ownership_tx, ownership_rx) = watch::channel(match config.ownership {
@@ -67,21 +67,24 @@ pub async fn run(
     let (leave_refused_tx, leave_refused_rx) = watch::channel(None);
     let (standby_tx, standby_rx) = watch::channel(None);
     let (promote_tx, promote_rx) = mpsc::channel(8);
-    let etcd_version = crate::etcd::version::of_binary(&reaper, &config.launch.program).await;
+    let etcd_version = crate::etcd::version::of_binary(&reaper, &config.member.launch.program).await;
     if let Some(v) = etcd_version {
         crate::etcd::version::warn_known_issues(v, "etcd --version");
     }
     let wal_dir = config
+        .member
         .etcd
         .wal_path()
-        .unwrap_or_else(|| config.backup.data_dir.join("member").join("wal"));
+        .unwrap_or_else(|| config.member.backup.data_dir.join("member").join("wal"));
     // A cluster member's release is checked against its peers' too (the cluster version).
     let peers = match etcd_version {
-        Some(_) if config.is_cluster_member() => crate::upgrade::cluster::peer_releases(&config).await,
+        Some(_) if config.member.is_cluster_member() => {
+            crate::upgrade::cluster::peer_releases(&config.member).await
+        }
         _ => Vec::new(),
     };
     let gate = match crate::upgrade::gate(
-        &config.backup.data_dir,
+        &config.member.backup.data_dir,
         &wal_dir,
         etcd_version,
         &peers,
@@ -115,9 +118,9 @@ pub async fn run(
     }
     let upgrade = gate.note;
     let copies = crate::copies::Copies::start(
-        &config.backup.copies,
+        &config.member.backup.copies,
         {
-            let backup = config.backup.clone();
+            let backup = config.member.backup.clone();
             move || backup.open_store()
         },
         cancel.child_token(),
@@ -141,20 +144,20 @@ pub async fn run(
         etcd_binary_version: etcd_version,
         upgrade,
         started_at: SystemTime::now(),
-        store: config.store.to_string(),
+        store: config.member.store.to_string(),
         supervisor_heartbeat: Heartbeat::new(),
         health_heartbeat: Heartbeat::new(),
     };
     shared.supervisor_heartbeat.beat();
     shared.health_heartbeat.beat();
     tracing::info!(
-        etcd = %config.launch.program.display(),
+        etcd = %config.member.launch.program.display(),
         etcd_version = etcd_version.map(|v| v.to_string()),
-        name = %config.etcd.name,
-        data_dir = %config.etcd.data_dir.display(),
-        endpoints = %config.client.endpoints.join(","),
+        name = %config.member.etcd.name,
+        data_dir = %config.member.etcd.data_dir.display(),
+        endpoints = %config.member.client.endpoints.join(","),
         listen = %config.listen,
-        store = %config.store,
+        store = %config.member.store,
         owner_name = config.ownership.as_ref().map(|o| o.lookup.name.as_str()),
         role = ?role,
         "etcd-warden starting"
@@ -163,7 +166,7 @@ pub async fn run(
     let (defrag_tx, defrag_rx) = watch::channel(false);
     let (leave_tx, leave_rx) = mpsc::channel(1);
     let (backup, backup_handle) = Backup::new(
-        config.backup.clone(),
+        config.member.backup.clone(),
         backup_tx,
         child_rx.clone(),
         health_rx.clone(),
@@ -192,14 +195,14 @@ pub async fn run(
         ));
     }
     tracker.spawn(crate::etcd::health::run(
-        config.client.clone(),
-        config.backup.data_dir.clone(),
+        config.member.client.clone(),
+        config.member.backup.data_dir.clone(),
         config.health_interval,
         child_rx.clone(),
         health_tx,
         defrag_rx,
-        config.backup.space.defrag_not_ready,
-        config.etcd.quota_backend_bytes,
+        config.member.backup.space.defrag_not_ready,
+        config.member.etcd.quota_backend_bytes,
         shared.health_heartbeat.clone(),
         cancel.child_token(),
     ));
@@ -219,9 +222,15 @@ pub async fn run(
         None => Some(ownership_tx),
     };
     if let Some(schedule) = config.verify_schedule.clone() {
-        tracker.spawn(crate::restore::drill::run(
-            config.clone(),
+        let drill = crate::backup::drill::DrillConfig {
             schedule,
+            backup: config.member.backup.clone(),
+            program: config.member.launch.program.clone(),
+            data_dir: config.member.etcd.data_dir.clone(),
+            client: config.member.client.clone(),
+        };
+        tracker.spawn(crate::backup::drill::run(
+            drill,
             reaper.clone(),
             drill_tx,
             cancel.child_token(),
@@ -233,12 +242,12 @@ pub async fn run(
     let (requests, request_rx) = mpsc::channel(16);
     let supervisor = Supervisor::new(
         config.policy,
-        config.launch.clone(),
+        config.member.launch.clone(),
         reaper.clone(),
         child_tx,
         shared.supervisor_heartbeat.clone(),
     )
-    .checking_addresses(config.etcd.clone());
+    .checking_addresses(config.member.etcd.clone());
     let supervisor = tokio::spawn(supervisor.run(request_rx));
 
     let flush_budget = (config.policy.stop_timeout / 2).min(Duration::from_secs(15));
@@ -345,7 +354,7 @@ impl Terms {
                 tracing::warn!("ownership lost during the start-up check; etcd was not started");
                 continue;
             }
-            let taken = crate::etcd::ports::taken(&self.config.etcd);
+            let taken = crate::etcd::ports::taken(&self.config.member.etcd);
             if !taken.is_empty() {
                 tracing::error!(
                     addresses = %taken.join(", "),
@@ -431,7 +440,10 @@ impl Terms {
             }
         };
         let fixed = [
-            ("etcd command line", new.launch != self.config.launch),
+            (
+                "etcd command line",
+                new.member.launch != self.config.member.launch,
+            ),
             ("--listen", new.listen != self.config.listen),
             ("--admin-socket", new.admin_socket != self.config.admin_socket),
             (
@@ -452,7 +464,7 @@ impl Terms {
                 );
             }
         }
-        Some(new.backup)
+        Some(new.member.backup)
     }
 
     /// After a graceful stop, the revisions etcd acknowledged after the last flush (see
@@ -462,7 +474,13 @@ impl Terms {
         let limit = self.config.policy.stop_timeout;
         match tokio::time::timeout(
             limit,
-            crate::backup::tail::upload_tail(&self.config, &self.reaper, killed),
+            crate::backup::tail::upload_tail(
+                &self.config.member.backup,
+                &self.config.member.etcd,
+                &self.config.member.launch.program,
+                &self.reaper,
+                killed,
+            ),
         )
         .await
         {
@@ -525,7 +543,8 @@ impl Terms {
             .send_replace(Some("checking the data dir".to_owned()));
         let mut joined = None;
         {
-            let prepare = crate::startup::prepare(&self.config, &self.reaper, &self.restoring, &self.member);
+            let prepare =
+                crate::startup::prepare(&self.config.member, &self.reaper, &self.restoring, &self.member);
             tokio::pin!(prepare);
             let mut beat = tokio::time::interval(Duration::from_secs(1));
             loop {
@@ -577,7 +596,8 @@ impl Terms {
     /// (`ctl promote`, SIGUSR2) are taken between steps; a stop signal also during one.
     async fn stand_by(&mut self, config: crate::standby::StandbyConfig) -> Result<(), ExitStatus> {
         let reaper = self.reaper.clone();
-        let mut follower = crate::standby::Follower::new(self.config.clone(), config, self.standby.clone());
+        let mut follower =
+            crate::standby::Follower::new(self.config.member.clone(), config, self.standby.clone());
         match follower.interrupted_promotion() {
             Ok(Some(_)) => {
                 self.time_promotion(Instant::now());
@@ -592,7 +612,7 @@ impl Terms {
         }
         let mut beat = tokio::time::interval(Duration::from_secs(1));
         let mut promote: Option<bool> = None;
-        tracing::info!(store = %self.config.store, "standby: following the store; etcd starts when promoted (`ctl promote` or SIGUSR2)");
+        tracing::info!(store = %self.config.member.store, "standby: following the store; etcd starts when promoted (`ctl promote` or SIGUSR2)");
         loop {
             if let Some(force) = promote.take() {
                 let requested = Instant::now();
@@ -684,8 +704,8 @@ impl Terms {
     /// restore plan's new cluster) and, as a learner, is promoted once it caught up.
     async fn join(&mut self, flags: &[(String, String)], learner: Option<u64>) -> Result<(), ExitStatus> {
         if !flags.is_empty() {
-            let mut launch = self.config.launch.clone();
-            let etcd = &self.config.etcd;
+            let mut launch = self.config.member.launch.clone();
+            let etcd = &self.config.member.etcd;
             let copy = crate::etcd::dirs::beside(&etcd.data_path(), ".warden-etcd-config.json");
             let env: std::collections::HashMap<String, String> = std::env::vars().collect();
             match crate::etcd::args::with_settings(
@@ -711,17 +731,17 @@ impl Terms {
             if let Some(old) = self.promote.take() {
                 old.abort();
             }
-            let Ok(me) = crate::startup::cluster::me(&self.config) else {
+            let Ok(me) = crate::startup::cluster::me(&self.config.member) else {
                 return Ok(());
             };
             let cwd = std::env::current_dir().unwrap_or_else(|_| "/".into());
             let learner = crate::cluster::promote::Learner {
                 id,
-                client: self.config.client.clone(),
+                client: self.config.member.client.clone(),
                 peers: me.others,
-                endpoints: self.config.cluster_endpoints.clone(),
+                endpoints: self.config.member.cluster_endpoints.clone(),
                 ours: me.client_urls,
-                data: cwd.join(&self.config.etcd.data_dir),
+                data: cwd.join(&self.config.member.etcd.data_dir),
             };
             self.promote = Some(tokio::spawn(crate::cluster::promote::run(
                 learner,
@@ -737,7 +757,7 @@ impl Terms {
     async fn leave_cluster(&mut self) -> Option<ExitStatus> {
         self.member.send_replace(Some("leaving the cluster".into()));
         self.leave_refused.send_replace(None);
-        let id = match crate::cluster::leave::leave(&self.config.client).await {
+        let id = match crate::cluster::leave::leave(&self.config.member.client).await {
             Ok(id) => id,
             Err(e) => {
                 tracing::error!(error = %e, "cannot leave the cluster; this member stays");
@@ -752,7 +772,7 @@ impl Terms {
         let _ = killed.await;
         let data = std::env::current_dir()
             .unwrap_or_else(|_| "/".into())
-            .join(&self.config.etcd.data_dir);
+            .join(&self.config.member.etcd.data_dir);
         let to = crate::etcd::dirs::beside(
             &data,
             &format!(
@@ -779,7 +799,7 @@ impl Terms {
     /// etcd runs until a stop signal ends it or ownership is lost.
     async fn serve(&mut self) -> Served {
         let mut child = self.shared.child.clone();
-        let cluster = self.config.backup.cluster;
+        let cluster = self.config.member.backup.cluster;
         let mut plan_check = tokio::time::interval(PLAN_CHECK);
         plan_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut leaderless_since: Option<Instant> = None;
@@ -803,9 +823,9 @@ impl Terms {
                     if since.elapsed() < LEADERLESS_BEFORE_PLAN || *self.stopping.borrow() {
                         continue;
                     }
-                    let data = std::env::current_dir().unwrap_or_else(|_| "/".into()).join(&self.config.etcd.data_dir);
-                    let Ok(store) = self.config.backup.open_store() else { continue };
-                    if let Ok(Some(plan)) = crate::cluster::restore::pending_plan(&store, &self.config.etcd.name, &data).await {
+                    let data = std::env::current_dir().unwrap_or_else(|_| "/".into()).join(&self.config.member.etcd.data_dir);
+                    let Ok(store) = self.config.member.backup.open_store() else { continue };
+                    if let Ok(Some(plan)) = crate::cluster::restore::pending_plan(&store, &self.config.member.etcd.name, &data).await {
                         tracing::warn!(plan = %plan.id, leaderless_s = since.elapsed().as_secs(), "no leader, and a cluster restore plan names this member: holding etcd down to restore by it");
                         let (tx, killed) = tokio::sync::oneshot::channel();
                         let _ = self.requests.send(Request::Fence(tx)).await;
@@ -824,8 +844,8 @@ impl Terms {
                     if child.borrow_and_update().phase != Phase::Backoff || *self.stopping.borrow() {
                         continue;
                     }
-                    let data = std::env::current_dir().unwrap_or_else(|_| "/".into()).join(&self.config.etcd.data_dir);
-                    let local = crate::etcd::local::check(&crate::etcd::MemberDirs::of(&self.config.etcd));
+                    let data = std::env::current_dir().unwrap_or_else(|_| "/".into()).join(&self.config.member.etcd.data_dir);
+                    let local = crate::etcd::local::check(&crate::etcd::MemberDirs::of(&self.config.member.etcd));
                     if local != crate::etcd::local::LocalData::Sound {
                         tracing::error!(data = %data.display(), state = ?local, "etcd died and this member's data is not sound: holding etcd down and deciding again (a single member restores from the store, a cluster member repairs through its peers)");
                         let (tx, killed) = tokio::sync::oneshot::channel();
@@ -909,7 +929,7 @@ impl Terms {
         };
         let mut stop_at: Option<tokio::time::Instant> = None;
         let taken = {
-            let final_snapshot = fence::take_final(&self.config, &self.reaper, &self.fence, abandon);
+            let final_snapshot = fence::take_final(&self.config.member, &self.reaper, &self.fence, abandon);
             tokio::pin!(final_snapshot);
             loop {
                 tokio::select! {
@@ -973,6 +993,7 @@ async fn rollback_point(
     next: crate::etcd::version::Version,
 ) -> Result<(), String> {
     let store = config
+        .member
         .backup
         .open_store()
         .map_err(|e| crate::telemetry::error_chain(&e))?;
@@ -980,14 +1001,14 @@ async fn rollback_point(
     tracing::info!(from, to = %next, "upgrade: taking a rollback point of the data before etcd {next} starts on it");
     let taken = match previous_release(config, reaper, from).await {
         Some(previous) => {
-            let data = &config.backup.data_dir;
+            let data = &config.member.backup.data_dir;
             let log = crate::etcd::dirs::beside(data, ".rollback-etcd.log");
             let etcd = crate::etcd::private::PrivateEtcd::start(
                 reaper,
                 &previous,
                 data,
-                config.etcd.wal_path().as_deref(),
-                &config.etcd.name,
+                config.member.etcd.wal_path().as_deref(),
+                &config.member.etcd.name,
                 &log,
                 false,
             )
@@ -999,7 +1020,7 @@ async fn rollback_point(
                         &mut client,
                         &store,
                         next,
-                        config.backup.compression,
+                        config.member.backup.compression,
                     )
                     .await
                 }
@@ -1012,10 +1033,10 @@ async fn rollback_point(
         None => {
             crate::upgrade::rollback::take(
                 &store,
-                &config.backup.data_dir,
+                &config.member.backup.data_dir,
                 from,
                 next,
-                config.backup.compression,
+                config.member.backup.compression,
             )
             .await?
         }
@@ -1041,7 +1062,9 @@ async fn previous_release(config: &RunConfig, reaper: &Reaper, from: &str) -> Op
         .or_else(|| crate::etcd::version::Version::parse(from))?;
     let release = crate::etcd::version::of_binary(reaper, path).await;
     match release {
-        Some(r) if r.major == written.major && r.minor == written.minor && !config.is_cluster_member() => {
+        Some(r)
+            if r.major == written.major && r.minor == written.minor && !config.member.is_cluster_member() =>
+        {
             tracing::info!(etcd = %path.display(), release = %r, "the rollback point is taken through a private etcd of the previous release");
             Some(path.clone())
         }
@@ -1065,9 +1088,13 @@ async fn previous_release(config: &RunConfig, reaper: &Reaper, from: &str) -> Op
 
 /// The id of a forced cluster restore plan this member has yet to apply, if the store holds one.
 async fn forced_plan(config: &RunConfig) -> Option<String> {
-    let store = config.backup.open_store().ok()?;
-    let plan = crate::cluster::restore::pending_plan(&store, &config.etcd.name, &config.backup.data_dir)
-        .await
-        .ok()??;
+    let store = config.member.backup.open_store().ok()?;
+    let plan = crate::cluster::restore::pending_plan(
+        &store,
+        &config.member.etcd.name,
+        &config.member.backup.data_dir,
+    )
+    .await
+    .ok()??;
     plan.force.then_some(plan.id)
 }

@@ -13,6 +13,7 @@
 mod chain;
 mod checks;
 mod config;
+pub mod drill;
 mod fencing;
 mod fulls;
 mod handle;

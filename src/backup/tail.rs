@@ -7,13 +7,14 @@
 //! revisions are read through a watch and uploaded as the chain's last delta, the way fencing
 //! reads its final snapshot. Bounded by the caller.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use etcd_client::WatchOptions;
 
+use super::config::BackupConfig;
 use super::leases::live_leases;
 use super::stream::{AppendError, append_events};
-use crate::config::RunConfig;
+use crate::etcd::EtcdArgs;
 use crate::etcd::private::{PrivateEtcd, revision};
 use crate::format::mvcc::MvccFile;
 use crate::process::pid1::Reaper;
@@ -21,11 +22,13 @@ use crate::snapshot::delta::{self, DeltaBuffer};
 
 /// Uploads the tail; `Some((first, last))` when there was one.
 pub async fn upload_tail(
-    cfg: &RunConfig,
+    cfg: &BackupConfig,
+    etcd: &EtcdArgs,
+    program: &Path,
     reaper: &Reaper,
     killed: bool,
 ) -> Result<Option<(i64, i64)>, String> {
-    if cfg.backup.delta_period.is_zero() {
+    if cfg.delta_period.is_zero() {
         return Ok(None);
     }
     // A cluster member never uploads a tail: what its etcd acknowledged was committed by a
@@ -33,15 +36,12 @@ pub async fn upload_tail(
     // last revision, as the one writer. (A tail read here would be written outside the leadership
     // check, and would need a private etcd on a member's data, which would dial the peers.)
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-    let data = cwd.join(&cfg.etcd.data_dir);
-    if cfg.backup.cluster || crate::etcd::local::member_count(&data).is_some_and(|n| n > 1) {
+    let data = cwd.join(&etcd.data_dir);
+    if cfg.cluster || crate::etcd::local::member_count(&data).is_some_and(|n| n > 1) {
         tracing::info!("cluster member: no tail upload (the next writer continues the chain)");
         return Ok(None);
     }
-    let store = cfg
-        .backup
-        .open_store()
-        .map_err(|e| crate::telemetry::error_chain(&e))?;
+    let store = cfg.open_store().map_err(|e| crate::telemetry::error_chain(&e))?;
     let Some((newest, deltas)) = store
         .newest_chain()
         .await
@@ -73,10 +73,10 @@ pub async fn upload_tail(
     }
     let private = PrivateEtcd::start(
         reaper,
-        &cfg.launch.program,
+        program,
         &data,
-        cfg.etcd.wal_path().as_deref(),
-        &cfg.etcd.name,
+        etcd.wal_path().as_deref(),
+        &etcd.name,
         &crate::etcd::dirs::beside(&data, ".tail.log"),
         false,
     )
@@ -129,7 +129,7 @@ pub async fn upload_tail(
             return Ok(None);
         };
         let range = (pending.first, pending.last);
-        delta::upload(&store, &pending, cfg.backup.compression, delta::Writer::default())
+        delta::upload(&store, &pending, cfg.compression, delta::Writer::default())
             .await
             .map_err(|e| crate::telemetry::error_chain(&e))?;
         Ok(Some(range))

@@ -17,10 +17,10 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::backup::SnapInfo;
-use crate::config::RunConfig;
 use crate::etcd::private::PrivateEtcd;
 use crate::process::pid1::Reaper;
 use crate::snapshot::full;
+use crate::startup::member::MemberConfig;
 use crate::store::layout::Kind;
 
 /// `/status` → `ownership.fence`, metrics, readiness.
@@ -67,7 +67,7 @@ fn step(status: &watch::Sender<FenceStatus>, what: &str) {
 /// Takes the final snapshot, retrying until it is in the store or `abandon` completes (ownership
 /// back, or the stop deadline). `true` when the store holds a final snapshot of this data dir.
 pub async fn take_final(
-    cfg: &RunConfig,
+    cfg: &MemberConfig,
     reaper: &Reaper,
     status: &watch::Sender<FenceStatus>,
     abandon: impl std::future::Future<Output = ()>,
@@ -130,7 +130,7 @@ pub async fn take_final(
 }
 
 async fn attempt(
-    cfg: &RunConfig,
+    cfg: &MemberConfig,
     reaper: &Reaper,
     status: &watch::Sender<FenceStatus>,
     private: &mut Option<PrivateEtcd>,

@@ -2,7 +2,7 @@
 //! etcd's own restore tool, atomic swap). The deltas reach the restored member through `write`
 //! (into its bbolt file via `crate::format::mvcc` and `crate::format::bolt`), or `replay` (through a private etcd) as the fallback.
 
-pub mod drill;
+pub mod check;
 pub mod execute;
 pub mod marker;
 pub mod plan;

@@ -22,7 +22,7 @@ pub struct Shared {
     pub backup: watch::Receiver<BackupStatus>,
     /// `--copy-to`: each copy store's progress.
     pub copies: crate::copies::Copies,
-    pub drill: watch::Receiver<crate::restore::drill::DrillStatus>,
+    pub drill: watch::Receiver<crate::backup::drill::DrillStatus>,
     /// Set the moment a graceful stop begins: readiness goes 503 before anything else happens.
     pub shutting_down: watch::Receiver<bool>,
     /// What the start-up validation or restore is doing; `None` once etcd may start.

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::watch;
 
 use super::{Promotion, StandbyConfig, StandbyStatus, State};
-use crate::config::RunConfig;
 use crate::format::mvcc::MvccFile;
 use crate::process::pid1::Reaper;
 use crate::restore::{RestoreOptions, Target};
+use crate::startup::member::MemberConfig;
 use crate::store::Store;
 use crate::store::layout::SnapshotName;
 
@@ -59,7 +59,7 @@ impl Listing {
 }
 
 pub struct Follower {
-    cfg: RunConfig,
+    cfg: MemberConfig,
     standby: StandbyConfig,
     data: PathBuf,
     status: watch::Sender<Option<StandbyStatus>>,
@@ -112,7 +112,11 @@ impl Marker {
 }
 
 impl Follower {
-    pub fn new(cfg: RunConfig, standby: StandbyConfig, status: watch::Sender<Option<StandbyStatus>>) -> Self {
+    pub fn new(
+        cfg: MemberConfig,
+        standby: StandbyConfig,
+        status: watch::Sender<Option<StandbyStatus>>,
+    ) -> Self {
         let data = std::env::current_dir()
             .unwrap_or_else(|_| "/".into())
             .join(&cfg.etcd.data_dir);

@@ -26,7 +26,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use crate::config::RunConfig;
+use crate::startup::member::MemberConfig;
 
 pub use follow::Follower;
 
@@ -118,7 +118,7 @@ pub fn marker(data: &Path) -> PathBuf {
 }
 
 /// What a standby refuses before it touches anything (exit 64).
-pub fn check_usage(cfg: &RunConfig) -> Result<(), String> {
+pub fn check_usage(cfg: &MemberConfig) -> Result<(), String> {
     if cfg.is_cluster_member() {
         return Err(
             "standby: a standby is a single member (--initial-cluster names other members, or --cluster-endpoints is set); it becomes a new one-member cluster when promoted: drop the other members from the etcd flags"
@@ -162,7 +162,7 @@ pub fn check_usage(cfg: &RunConfig) -> Result<(), String> {
 
 /// What `run` refuses (exit 64): a standby's data dir, never promoted. etcd started on it as it is
 /// would hand out revision numbers the primary already handed out (no bump).
-pub fn check_not_a_standby(cfg: &RunConfig) -> Result<(), String> {
+pub fn check_not_a_standby(cfg: &MemberConfig) -> Result<(), String> {
     let data = std::env::current_dir()
         .unwrap_or_else(|_| "/".into())
         .join(&cfg.etcd.data_dir);

@@ -7,9 +7,9 @@
 
 use std::path::Path;
 
+use super::member::MemberConfig;
 use crate::cluster::journal::Journal;
 use crate::cluster::peers::{self, ChangeError, Member, Survey};
-use crate::config::RunConfig;
 use crate::etcd::local::LocalData;
 use crate::startup::Decision;
 use crate::startup::decide::{Listed, Local, Peers};
@@ -25,7 +25,7 @@ pub struct Me {
     pub others: Vec<String>,
 }
 
-pub fn me(cfg: &RunConfig) -> Result<Me, String> {
+pub fn me(cfg: &MemberConfig) -> Result<Me, String> {
     let name = cfg.etcd.name.clone();
     let cluster = cfg.etcd.initial_cluster.clone().unwrap_or_default();
     let mut mine = Vec::new();
@@ -68,7 +68,7 @@ pub fn me(cfg: &RunConfig) -> Result<Me, String> {
 
 /// The `--initial-cluster` for starting `existing` with the members `list` names (ours under our
 /// name: an added member has no name in the list yet).
-fn existing_cluster(me: &Me, list: &[Member], cfg: &RunConfig) -> String {
+fn existing_cluster(me: &Me, list: &[Member], cfg: &MemberConfig) -> String {
     let configured: Vec<(String, String)> = cfg
         .etcd
         .initial_cluster
@@ -166,7 +166,7 @@ pub async fn peers_fact(me: &Me, survey: &Survey, local: &LocalData) -> Peers {
 
 /// Our peer URLs changed: tell the cluster (through a voter) before etcd starts, so the peers dial
 /// the new address.
-pub async fn update_peer_urls(cfg: &RunConfig, me: &Me, survey: &Survey, id: u64) -> Result<(), String> {
+pub async fn update_peer_urls(cfg: &MemberConfig, me: &Me, survey: &Survey, id: u64) -> Result<(), String> {
     let Some((list, voter)) = &survey.quorum else {
         return Err("no voter to ask".into());
     };
@@ -224,7 +224,7 @@ fn journal_or_new(journal: Option<Journal>, why: String) -> Journal {
 
 /// What one look at the member found: the repair's steps read it.
 pub struct Round<'a> {
-    pub cfg: &'a RunConfig,
+    pub cfg: &'a MemberConfig,
     pub me: &'a Me,
     pub data: &'a Path,
     pub survey: &'a Survey,
@@ -379,7 +379,7 @@ pub async fn add_learner(
 /// Evidence that this member's cluster existed, for a member whose data is missing while no member
 /// answers with a leader: a peer's list showing members that ran, the store's record of this
 /// cluster, etcd-backup-restore's backups under the prefix. `Err`: the store cannot be read.
-pub async fn history(cfg: &RunConfig, me: &Me, survey: &Survey) -> Result<Vec<String>, String> {
+pub async fn history(cfg: &MemberConfig, me: &Me, survey: &Survey) -> Result<Vec<String>, String> {
     let mut evidence = Vec::new();
     if survey.we_started_before(&me.peer_urls) {
         evidence.push("a peer's member list shows this member ran before".to_owned());

@@ -8,6 +8,7 @@
 
 pub mod cluster;
 pub mod decide;
+pub mod member;
 pub mod plan;
 pub mod restore;
 
@@ -17,10 +18,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::cluster::journal::Journal;
-use crate::config::RunConfig;
 use crate::etcd::MemberDirs;
 use crate::process::pid1::Reaper;
 use decide::{Action, Facts, Local};
+use member::MemberConfig;
 
 /// What start-up decided.
 #[derive(Debug, Clone, PartialEq)]
@@ -90,7 +91,7 @@ fn step(status: &watch::Sender<Option<String>>, what: &str) {
 /// Runs the start-up check; `Err` only for what must stop the warden. `status`: what the check is
 /// doing (a restore's progress); `member`: what holds this member back (readiness says it).
 pub async fn prepare(
-    cfg: &RunConfig,
+    cfg: &MemberConfig,
     reaper: &Reaper,
     status: &watch::Sender<Option<String>>,
     member: &watch::Sender<Option<String>>,
@@ -127,7 +128,7 @@ pub async fn prepare(
 
 /// One look at a single member; `None`: it waited, look again.
 async fn single_round(
-    cfg: &RunConfig,
+    cfg: &MemberConfig,
     reaper: &Reaper,
     dirs: &MemberDirs,
     left: Option<String>,
@@ -209,7 +210,7 @@ async fn single_round(
 
 /// One look at a cluster member; `None`: it waited or changed something, look again.
 async fn cluster_round(
-    cfg: &RunConfig,
+    cfg: &MemberConfig,
     reaper: &Reaper,
     dirs: &MemberDirs,
     left: Option<String>,

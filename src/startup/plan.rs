@@ -7,7 +7,7 @@ use std::path::Path;
 use tokio::sync::watch;
 
 use super::Decision;
-use crate::config::RunConfig;
+use super::member::MemberConfig;
 use crate::process::pid1::Reaper;
 use crate::restore::marker::{PlanApplied, plan_path};
 use crate::restore::{RestoreOptions, Target};
@@ -16,7 +16,7 @@ use crate::store::{SnapshotName, Store};
 
 /// Restores this member by `plan`; the flags etcd starts with. `Err`: why not (retried).
 pub async fn apply(
-    cfg: &RunConfig,
+    cfg: &MemberConfig,
     reaper: &Reaper,
     store: &Store,
     data: &Path,

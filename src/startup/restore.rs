@@ -13,7 +13,7 @@
 
 use tokio::sync::watch;
 
-use crate::config::RunConfig;
+use super::member::MemberConfig;
 use crate::etcd::MemberDirs;
 use crate::etcd::dirs::beside;
 use crate::etcd::dirs::is_empty_dir;
@@ -25,7 +25,7 @@ use crate::startup::Decision;
 use crate::startup::decide::{Aside, Local};
 use crate::store::Store;
 
-pub fn open_store(cfg: &RunConfig) -> Result<Store, String> {
+pub fn open_store(cfg: &MemberConfig) -> Result<Store, String> {
     cfg.backup
         .open_store()
         .map_err(|e| crate::telemetry::error_chain(&e))
@@ -118,7 +118,7 @@ fn served_untouched(dirs: &MemberDirs) -> Option<i64> {
 
 /// A present data dir, validated by a private etcd: its revision, why etcd refused it, or why
 /// nothing could be learnt (which is no evidence against it).
-pub async fn validate(cfg: &RunConfig, reaper: &Reaper, dirs: &MemberDirs) -> Local {
+pub async fn validate(cfg: &MemberConfig, reaper: &Reaper, dirs: &MemberDirs) -> Local {
     if let Some(revision) = served_untouched(dirs) {
         tracing::info!(
             revision,
@@ -167,7 +167,7 @@ pub async fn validate(cfg: &RunConfig, reaper: &Reaper, dirs: &MemberDirs) -> Lo
 /// `floor`: the local revision nothing older may replace; `newest`: what the store promised.
 /// `Err` only for what must stop the warden.
 pub async fn restore_member(
-    cfg: &RunConfig,
+    cfg: &MemberConfig,
     reaper: &Reaper,
     status: &watch::Sender<Option<String>>,
     dirs: &MemberDirs,

@@ -10,8 +10,8 @@
 //! release from its status; the cluster version is then the lowest minor among them).
 
 use crate::cluster::peers;
-use crate::config::RunConfig;
 use crate::etcd::version::Version;
+use crate::startup::member::MemberConfig;
 
 use super::{UpgradePath, minimum_before_next};
 
@@ -35,7 +35,7 @@ struct VersionAnswer {
 const ANSWER: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What the other members answered; those that did not are skipped (logged).
-pub async fn peer_releases(cfg: &RunConfig) -> Vec<PeerRelease> {
+pub async fn peer_releases(cfg: &MemberConfig) -> Vec<PeerRelease> {
     let Ok(me) = crate::startup::cluster::me(cfg) else {
         return Vec::new();
     };

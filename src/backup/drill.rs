@@ -4,16 +4,32 @@
 //! `etcd_warden_last_verified_restore_timestamp_seconds`; failure shows in /status and the logs.
 //! Like every backup concern, it never touches readiness.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::SystemTime;
 
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::execute::{RestoreOptions, restore};
-use crate::config::RunConfig;
+use super::config::BackupConfig;
+use crate::etcd::ClientConfig;
 use crate::process::pid1::Reaper;
+use crate::restore::check::open_with_etcd;
+use crate::restore::execute::{RestoreOptions, restore};
+
+/// What a drill needs of the run's configuration.
+#[derive(Debug, Clone)]
+pub struct DrillConfig {
+    pub schedule: croner::Cron,
+    /// The store, opened afresh (credentials included) for each drill.
+    pub backup: BackupConfig,
+    /// The etcd binary the restore and the check run.
+    pub program: PathBuf,
+    /// The live data dir: the scratch dir goes beside it, on the same disk.
+    pub data_dir: PathBuf,
+    /// The live etcd, whose HashKV the restored data must match.
+    pub client: ClientConfig,
+}
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct DrillStatus {
@@ -33,18 +49,17 @@ pub struct DrillStatus {
 
 /// Runs drills on the schedule until cancelled.
 pub async fn run(
-    cfg: RunConfig,
-    schedule: croner::Cron,
+    cfg: DrillConfig,
     reaper: Reaper,
     status: watch::Sender<DrillStatus>,
     cancel: CancellationToken,
 ) {
     let data = std::env::current_dir()
         .unwrap_or_else(|_| PathBuf::from("/"))
-        .join(&cfg.etcd.data_dir);
+        .join(&cfg.data_dir);
     loop {
         let now = chrono::Utc::now();
-        let Ok(next) = schedule.find_next_occurrence(&now, false) else {
+        let Ok(next) = cfg.schedule.find_next_occurrence(&now, false) else {
             return;
         };
         let wait = (next - now).to_std().unwrap_or_default();
@@ -58,7 +73,7 @@ pub async fn run(
             crate::store::layout::format_time(crate::store::layout::now_ms())
         ));
         let scratch = PathBuf::from(scratch);
-        let opts = RestoreOptions::scratch(scratch.join("data"), cfg.launch.program.clone());
+        let opts = RestoreOptions::scratch(scratch.join("data"), cfg.program.clone());
         let result = async {
             let store = cfg
                 .backup
@@ -75,7 +90,7 @@ pub async fn run(
                     report.skipped
                 ));
             }
-            let live = live_hash(&cfg, report.revision).await;
+            let live = live_hash(&cfg.client, report.revision).await;
             let hash = tokio::select! {
                 _ = cancel.cancelled() => return Err("cancelled".to_owned()),
                 r = open_with_etcd(
@@ -142,8 +157,8 @@ pub async fn run(
 
 /// The live etcd's HashKV at `revision` and the compaction revision it covers from, if it still
 /// has that revision.
-async fn live_hash(cfg: &RunConfig, revision: i64) -> Option<(u32, i64)> {
-    let mut client = cfg.client.connect().await.ok()?;
+async fn live_hash(client: &ClientConfig, revision: i64) -> Option<(u32, i64)> {
+    let mut client = client.connect().await.ok()?;
     match client.hash_kv(revision).await {
         Ok(h) => Some((h.hash(), h.compact_version())),
         Err(e) => {
@@ -151,49 +166,4 @@ async fn live_hash(cfg: &RunConfig, revision: i64) -> Option<(u32, i64)> {
             None
         }
     }
-}
-
-/// Starts etcd on a restored data dir (privately, on loopback ports) and reads back what it serves:
-/// it must report `revision`; returns its HashKV there. The proof that etcd itself accepts the
-/// result, which the restore alone does not give when it wrote the deltas into the file.
-/// `compact_to`: first compact the restored data to the live etcd's compaction revision, since
-/// HashKV covers only what is newer than the compaction (plus each key's kept revision).
-pub async fn open_with_etcd(
-    reaper: &Reaper,
-    etcd: &Path,
-    data: &Path,
-    name: &str,
-    revision: i64,
-    compact_to: Option<i64>,
-) -> Result<u32, String> {
-    let log = data.with_file_name("check-etcd.log");
-    let private =
-        crate::etcd::private::PrivateEtcd::start(reaper, etcd, data, None, name, &log, true).await?;
-    let result = async {
-        let mut client = private.client().await?;
-        let got = crate::etcd::private::restored_revision(&mut client).await?;
-        if got != revision {
-            return Err(format!(
-                "etcd opened the restored data at revision {got}; the restore ended at {revision}"
-            ));
-        }
-        if let Some(c) = compact_to.filter(|c| *c > 0) {
-            // "already compacted" means the restored data's own compaction is at least as new.
-            if let Err(e) = client
-                .compact(c, Some(etcd_client::CompactionOptions::new().with_physical()))
-                .await
-                && !e.to_string().contains("compacted")
-            {
-                return Err(format!("compact the restored data to revision {c}: {e}"));
-            }
-        }
-        client
-            .hash_kv(revision)
-            .await
-            .map(|h| h.hash())
-            .map_err(|e| format!("HashKV of the restored data: {e}"))
-    }
-    .await;
-    private.stop().await;
-    result
 }
