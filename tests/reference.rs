@@ -77,11 +77,11 @@ fn generate() -> String {
     let _ = writeln!(
         out,
         "Version: `{}`\n",
-        etcd_warden::config::VERSION.split(' ').next().unwrap()
+        etcd_warden::cmd::VERSION.split(' ').next().unwrap()
     );
     out.push_str("Exit codes: 0 success; 1 failure; 2 `restore` ended below the newest backup (see `--accept-older`); 3 `undo` left keys alone that were changed meanwhile; 64 bad usage or configuration (nothing was started, changed or deleted); `run` exits with etcd's own status after a stop (143 = SIGTERM, a clean stop).\n\n");
-    let _ = writeln!(out, "```\n{}\n```\n", etcd_warden::config::SIGNALS_HELP.trim());
-    options(&etcd_warden::config::Cli::command(), "etcd-warden", &mut out);
+    let _ = writeln!(out, "```\n{}\n```\n", etcd_warden::cmd::SIGNALS_HELP.trim());
+    options(&etcd_warden::cmd::Cli::command(), "etcd-warden", &mut out);
     out.push_str("## HTTP endpoints\n\n`--listen` (default 0.0.0.0:2378) and the admin socket (`--admin-socket`, mode 0600) serve:\n\n| method | path | served on | answer |\n|---|---|---|---|\n");
     for e in etcd_warden::serve::http::ENDPOINTS {
         let _ = writeln!(
@@ -133,10 +133,10 @@ fn the_committed_man_pages_are_what_the_code_generates() {
     let fresh = tempfile::tempdir().unwrap();
     // The release without the commit the build stamps, which changes with every commit.
     fn without_commit(cmd: clap::Command) -> clap::Command {
-        let release = etcd_warden::config::VERSION.split(' ').next().unwrap();
+        let release = etcd_warden::cmd::VERSION.split(' ').next().unwrap();
         cmd.version(release).mut_subcommands(without_commit)
     }
-    clap_mangen::generate_to(without_commit(etcd_warden::config::Cli::command()), fresh.path()).unwrap();
+    clap_mangen::generate_to(without_commit(etcd_warden::cmd::Cli::command()), fresh.path()).unwrap();
     let pages = |d: &std::path::Path| -> std::collections::BTreeMap<String, Vec<u8>> {
         std::fs::read_dir(d)
             .map(|rd| {

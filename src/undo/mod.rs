@@ -10,7 +10,6 @@
 //! (kube-apiserver, informers) see ordinary events and no compaction error.
 
 pub mod apply;
-pub mod command;
 pub mod live;
 pub mod past;
 

@@ -4,7 +4,7 @@
 
 use clap::CommandFactory;
 
-use crate::config::Cli;
+use super::Cli;
 
 /// Variables read outside clap's definitions: test failpoints, the restore path switch, the
 /// reference generator's switch, and the commit the build stamps (cargo sets it for tests too).

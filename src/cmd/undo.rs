@@ -6,20 +6,23 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use super::{Action, Change, Filter, State, apply, live, past};
-use crate::cli::EX_USAGE;
-use crate::config::{DiffArgs, EtcdClientArgs, PointArgs, UndoArgs};
+use clap::Args;
+
+use super::EX_USAGE;
+use super::shared::EtcdClientArgs;
+use super::shared::ReadKeys;
 use crate::restore::Target;
 use crate::store::Store;
+use crate::undo::{Action, Change, Filter, State, apply, live, past};
 
 /// `undo` left keys alone that someone changed meanwhile.
 pub const EX_CONFLICTS: i32 = 3;
 
 /// The store, the target and the key filter of `args`; exit 64 (said) for bad input.
 fn point(args: &PointArgs, keep_values: bool) -> Result<(Store, Target, Filter, PathBuf), i32> {
-    let keys = crate::cli::keys(None, None, &args.keys, None)?;
-    let store = crate::cli::open_store(&args.store, keys)?;
-    let target = crate::cli::target_of(args.to_revision, args.to_time.as_deref())?;
+    let keys = super::shared::keys(None, None, &args.keys, None)?;
+    let store = super::shared::open_store(&args.store, keys)?;
+    let target = super::shared::target_of(args.to_revision, args.to_time.as_deref())?;
     let scratch = args.scratch_dir.clone().unwrap_or_else(std::env::temp_dir);
     if !scratch.is_dir() {
         eprintln!(
@@ -36,7 +39,7 @@ fn point(args: &PointArgs, keep_values: bool) -> Result<(Store, Target, Filter, 
 }
 
 async fn client(live: &EtcdClientArgs) -> Result<(Vec<String>, etcd_client::Client), i32> {
-    crate::cli::connect(live).await
+    super::shared::connect(live).await
 }
 
 /// The past point, said on stderr with where it came from.
@@ -90,7 +93,7 @@ pub async fn diff(args: DiffArgs) -> i32 {
             Err(code) => return code,
         },
     };
-    let changes = super::diff(&past.state, &now);
+    let changes = crate::undo::diff(&past.state, &now);
     print(&args.point, &past, &against, now_rev, &changes);
     0
 }
@@ -122,7 +125,7 @@ pub async fn undo(args: UndoArgs) -> i32 {
             return 1;
         }
     };
-    let changes = super::diff(&past.state, &now);
+    let changes = crate::undo::diff(&past.state, &now);
     if args.dry_run {
         print(&args.point, &past, &endpoints.join(","), now_rev, &changes);
         return 0;
@@ -194,7 +197,7 @@ pub async fn undo(args: UndoArgs) -> i32 {
     }
 }
 
-fn entry_json(e: &Option<super::Entry>) -> serde_json::Value {
+fn entry_json(e: &Option<crate::undo::Entry>) -> serde_json::Value {
     match e {
         Some(e) => json!({
             "create_revision": e.create_revision,
@@ -208,7 +211,7 @@ fn entry_json(e: &Option<super::Entry>) -> serde_json::Value {
 
 /// The changes: JSON, or a line per key and the counts per group.
 fn print(args: &PointArgs, past: &past::Point, against: &str, now_rev: i64, changes: &[Change]) {
-    let counts = super::counts(args.prefix.as_bytes(), changes);
+    let counts = crate::undo::counts(args.prefix.as_bytes(), changes);
     let total = |a: Action| changes.iter().filter(|c| c.action == a).count();
     if args.json {
         let v = json!({
@@ -264,4 +267,72 @@ fn print(args: &PointArgs, past: &past::Point, against: &str, now_rev: i64, chan
         let parts: Vec<String> = m.iter().map(|(a, n)| format!("{n} {}", a.word())).collect();
         println!("  {group}: {}", parts.join(", "));
     }
+}
+
+#[derive(Debug, Args)]
+pub struct PointArgs {
+    /// The store the warden backs up to (its --store); etcd-backup-restore's stores work too.
+    #[arg(long, env = "ETCD_WARDEN_STORE", value_name = "URL")]
+    pub store: String,
+    /// The point: this revision.
+    #[arg(
+        long,
+        value_name = "N",
+        conflicts_with = "to_time",
+        required_unless_present = "to_time"
+    )]
+    pub to_revision: Option<i64>,
+    /// The point: the newest delta written at or before this time (RFC 3339).
+    #[arg(long, value_name = "RFC3339")]
+    pub to_time: Option<String>,
+    /// Only the keys that start with this (e.g. /registry/secrets/shop/).
+    #[arg(long, value_name = "PREFIX", default_value = "")]
+    pub prefix: String,
+    #[command(flatten)]
+    pub keys: ReadKeys,
+    /// Where the full snapshot is read through (a scratch file as large as the database, removed
+    /// after) [default: the system's temporary directory]
+    #[arg(long, value_name = "DIR")]
+    pub scratch_dir: Option<PathBuf>,
+    /// Print JSON for tools.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    #[command(flatten)]
+    pub point: PointArgs,
+    #[command(flatten)]
+    pub live: EtcdClientArgs,
+    /// Compare with the newest backup instead of the live cluster.
+    #[arg(long)]
+    pub against_latest: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct UndoArgs {
+    #[command(flatten)]
+    pub point: PointArgs,
+    #[command(flatten)]
+    pub live: EtcdClientArgs,
+    /// Print what would be written (the diff of the prefix) and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Write the keys someone changed since the diff read them, too (overwriting those changes).
+    #[arg(long)]
+    pub force: bool,
+    /// Allow an empty --prefix: every key of the cluster goes back.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// Runs `diff`.
+pub fn main_diff(args: DiffArgs) -> i32 {
+    super::one_shot_quiet(diff(args))
+}
+
+/// Runs `undo`.
+pub fn main_undo(args: UndoArgs) -> i32 {
+    super::one_shot_quiet(undo(args))
 }

@@ -4,10 +4,13 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use clap::Args;
 use http_body_util::{BodyExt, Empty};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
 use thiserror::Error;
+
+use super::parse_duration_arg;
 
 #[derive(Debug, Error)]
 pub enum ProbeError {
@@ -89,5 +92,38 @@ pub async fn probe(url: &str, timeout: Duration) -> Result<String, ProbeError> {
             "no answer within {}",
             humantime::format_duration(timeout)
         ))),
+    }
+}
+
+pub const DEFAULT_PROBE_URL: &str = "http://127.0.0.1:2378/readyz";
+
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// The warden's readiness URL.
+    #[arg(long, env = "ETCD_WARDEN_PROBE_URL", default_value = DEFAULT_PROBE_URL)]
+    pub url: String,
+    /// Give up after this long.
+    #[arg(long, default_value = "2s", value_parser = parse_duration_arg)]
+    pub timeout: Duration,
+}
+
+/// Runs `probe`.
+pub fn main(args: ProbeArgs) -> i32 {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("etcd-warden: start runtime: {err}");
+            return 1;
+        }
+    };
+    match runtime.block_on(probe(&args.url, args.timeout)) {
+        Ok(body) => {
+            println!("{body}");
+            0
+        }
+        Err(err) => {
+            eprintln!("etcd-warden: {err}");
+            err.exit_code()
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! asks for a snapshot and, with `--wait`, follows /status until it is in the store; `leave`
 //! takes this member out of its cluster.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -10,7 +10,9 @@ use http_body_util::{BodyExt, Empty};
 use hyper::{Method, Request};
 use hyper_util::rt::TokioIo;
 
-use crate::config::{CtlArgs, CtlCommand, SnapshotKind};
+use clap::{Args, Subcommand};
+
+use super::parse_duration_arg;
 
 /// One request over the unix socket: `(status, body)`.
 pub async fn request(socket: &Path, method: Method, path: &str) -> Result<(u16, String), String> {
@@ -197,4 +199,60 @@ async fn snapshot(socket: &Path, kind: SnapshotKind, wait: bool, timeout: Durati
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// The running warden's --admin-socket.
+    #[arg(long, env = "ETCD_WARDEN_ADMIN_SOCKET", value_name = "PATH")]
+    pub admin_socket: PathBuf,
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// Print the warden's /status (JSON).
+    Status,
+    /// This member leaves its cluster for good: leadership moves away, the member is removed, etcd
+    /// stops, its data dir is moved aside, and the warden exits (a restart waits, never rejoining
+    /// with the removed WAL).
+    Leave {
+        /// Give up waiting for the warden to finish after this long.
+        #[arg(long, default_value = "2m", value_parser = parse_duration_arg)]
+        timeout: Duration,
+    },
+    /// A standby becomes a new single-member cluster at a bumped revision (SIGUSR2 does the same);
+    /// prints the time from the request to a ready etcd.
+    Promote {
+        /// Promote even while the store's newest object is younger than --standby-quiet, or when
+        /// the store cannot be read.
+        #[arg(long)]
+        force: bool,
+        /// Give up waiting for a ready etcd after this long.
+        #[arg(long, default_value = "2m", value_parser = parse_duration_arg)]
+        timeout: Duration,
+    },
+    /// Ask for a snapshot now (full = SIGUSR1, delta = SIGUSR2).
+    Snapshot {
+        #[arg(value_enum)]
+        kind: SnapshotKind,
+        /// Wait until it is in the store (a delta: until everything etcd held at the request is).
+        #[arg(long)]
+        wait: bool,
+        /// Give up waiting after this long.
+        #[arg(long, default_value = "10m", value_parser = parse_duration_arg)]
+        timeout: Duration,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SnapshotKind {
+    Full,
+    Delta,
+}
+
+/// Runs `ctl`.
+pub fn main(args: CtlArgs) -> i32 {
+    super::one_shot_quiet(ctl(args))
 }
