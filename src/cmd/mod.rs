@@ -131,6 +131,7 @@ where
     one_shot_quiet(f(reaper, signals))
 }
 
+/// Runs a one-shot command on a small runtime; the command says what it has to say itself.
 pub(crate) fn one_shot_quiet(fut: impl std::future::Future<Output = i32>) -> i32 {
     match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

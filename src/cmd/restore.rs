@@ -169,54 +169,7 @@ pub async fn restore(
             r = &mut work => {
                 opts.progress.done();
                 return match r {
-                    Ok(report) => {
-                        println!(
-                            "restored {} at revision {} from {} (+{} deltas, {} revisions applied) in {:.1}s",
-                            opts.data_dir.display(), report.backed_up_revision, report.full, report.deltas, report.revisions_applied, report.seconds
-                        );
-                        if report.bumped_by > 0 {
-                            println!(
-                                "revision bumped by {} to {}; every revision up to it is marked compacted",
-                                report.bumped_by, report.revision
-                            );
-                        }
-                        if let Target::Rollback(point) = target {
-                            print_rollback_loss(&store, &point).await;
-                        }
-                        if target != Target::Latest {
-                            match store.catalog().await.ok().and_then(|(fulls, chains)| {
-                                crate::restore::plan::candidates(&fulls, &|c| chains.get(&c).cloned().unwrap_or_default(), Target::Latest)
-                                    .first()
-                                    .map(|c| c.target_revision)
-                            }) {
-                                Some(newest) if report.revision > newest => println!(
-                                    "NOTE: revision {} is above the store's newest backup ({newest}): `etcd-warden run` on this data dir with this store keeps it, and its next full snapshot starts a new chain.",
-                                    report.revision
-                                ),
-                                _ => println!(
-                                    "NOTE: this is older than the store's newest backup. Restore again without --bump-revision 0 (or with a bump above the newest backup's revision minus this one) before `etcd-warden run` with this store, or use a new --store: otherwise its start-up check would find the data dir behind and restore the newest backup over it (the dir would be kept aside, not lost)."
-                                ),
-                            }
-                        }
-                        for (key, why) in &report.skipped {
-                            println!("WARNING: skipped {key}: {why}");
-                        }
-                        if report.backed_up_revision < report.target_revision {
-                            println!(
-                                "WARNING: restored revision {} only; the store's newest backup for the target is revision {} (the objects above were corrupt or missing)",
-                                report.backed_up_revision, report.target_revision
-                            );
-                            if !args.accept_older {
-                                eprintln!(
-                                    "etcd-warden: restored less than asked for (exit {EX_OLDER}); {} holds revision {}: pass --accept-older to take it as the result",
-                                    opts.data_dir.display(),
-                                    report.backed_up_revision
-                                );
-                                return EX_OLDER;
-                            }
-                        }
-                        0
-                    }
+                    Ok(report) => said(&store, &opts, &report, args.accept_older).await,
                     Err(e @ crate::restore::execute::RestoreError::Tool { .. }) => {
                         eprintln!("etcd-warden: {e}; nothing was changed");
                         EX_USAGE
@@ -267,4 +220,70 @@ async fn print_rollback_loss(store: &Store, point: &crate::store::SnapshotName) 
 /// thread.
 pub fn main(args: RestoreArgs) -> i32 {
     super::with_reaper(|reaper, signals| restore(args, reaper, signals))
+}
+
+/// What a finished restore says: where it stands against the store's newest backup, what was
+/// skipped, and exit 2 when it restored less than asked for without `--accept-older`.
+async fn said(
+    store: &Store,
+    opts: &crate::restore::RestoreOptions,
+    report: &crate::restore::RestoreReport,
+    accept_older: bool,
+) -> i32 {
+    use crate::restore::Target;
+    println!(
+        "restored {} at revision {} from {} (+{} deltas, {} revisions applied) in {:.1}s",
+        opts.data_dir.display(),
+        report.backed_up_revision,
+        report.full,
+        report.deltas,
+        report.revisions_applied,
+        report.seconds
+    );
+    if report.bumped_by > 0 {
+        println!(
+            "revision bumped by {} to {}; every revision up to it is marked compacted",
+            report.bumped_by, report.revision
+        );
+    }
+    if let Target::Rollback(point) = opts.target {
+        print_rollback_loss(store, &point).await;
+    }
+    if opts.target != Target::Latest {
+        match store.catalog().await.ok().and_then(|(fulls, chains)| {
+            crate::restore::plan::candidates(
+                &fulls,
+                &|c| chains.get(&c).cloned().unwrap_or_default(),
+                Target::Latest,
+            )
+            .first()
+            .map(|c| c.target_revision)
+        }) {
+            Some(newest) if report.revision > newest => println!(
+                "NOTE: revision {} is above the store's newest backup ({newest}): `etcd-warden run` on this data dir with this store keeps it, and its next full snapshot starts a new chain.",
+                report.revision
+            ),
+            _ => println!(
+                "NOTE: this is older than the store's newest backup. Restore again without --bump-revision 0 (or with a bump above the newest backup's revision minus this one) before `etcd-warden run` with this store, or use a new --store: otherwise its start-up check would find the data dir behind and restore the newest backup over it (the dir would be kept aside, not lost)."
+            ),
+        }
+    }
+    for (key, why) in &report.skipped {
+        println!("WARNING: skipped {key}: {why}");
+    }
+    if report.backed_up_revision < report.target_revision {
+        println!(
+            "WARNING: restored revision {} only; the store's newest backup for the target is revision {} (the objects above were corrupt or missing)",
+            report.backed_up_revision, report.target_revision
+        );
+        if !accept_older {
+            eprintln!(
+                "etcd-warden: restored less than asked for (exit {EX_OLDER}); {} holds revision {}: pass --accept-older to take it as the result",
+                opts.data_dir.display(),
+                report.backed_up_revision
+            );
+            return EX_OLDER;
+        }
+    }
+    0
 }

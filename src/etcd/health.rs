@@ -132,26 +132,14 @@ pub async fn run(
                 defrag_seen = Some(std::time::Instant::now());
             }
             let defrag_recent = defrag_seen.is_some_and(|t| t.elapsed() < AFTER_DEFRAG);
-            if defrag_not_ready && (defrag_now || result.is_err() && defrag_recent) {
-                // The operator asked (`--space-defrag-not-ready`): clients go elsewhere meanwhile,
-                // and for a check that failed just after it, which is the defrag's doing too.
-                result = Err(
-                    "etcd is defragmenting its database and answers nothing until it is done \
-                     (--space-defrag-not-ready)"
-                        .to_owned(),
-                );
-            } else if let Err(reason) = &result
-                && defrag_recent
-            {
-                // etcd answers nothing while it defragments: a check that failed during one (or
-                // just after) keeps the previous verdict of this incarnation instead of calling a
-                // busy etcd unhealthy.
-                let prev = health.borrow().clone();
-                if prev.healthy && prev.incarnation == state.incarnation {
-                    tracing::debug!(reason = %reason, "health check failed during defragmentation; verdict held");
-                    result = Ok(prev);
-                }
-            }
+            result = during_defrag(
+                result,
+                defrag_now,
+                defrag_recent,
+                defrag_not_ready,
+                &health,
+                state.incarnation,
+            );
             // Auth was enabled (or a token went stale) under this client: connect again, with the
             // configured user this time.
             if let Err(reason) = &result
@@ -163,44 +151,14 @@ pub async fn run(
             }
             // Drop the result if etcd changed under us while we were asking.
             if child.borrow().incarnation == state.incarnation {
-                let previous_ok = health.borrow().healthy && health.borrow().incarnation == state.incarnation;
-                let h = match result {
-                    Ok(mut h) => {
-                        h.incarnation = state.incarnation;
-                        // (A verdict held through a defragmentation keeps its older sizes.)
-                        h.space = space.or(h.space);
-                        h
-                    }
-                    Err(reason) => Health {
-                        incarnation: state.incarnation,
-                        reason: Some(reason),
-                        checked_at: Some(SystemTime::now()),
-                        space,
-                        ..Health::default()
-                    },
-                };
-                if let Some(v) = h.version.as_deref()
-                    && reported_version.as_deref() != Some(v)
-                {
-                    reported_version = Some(v.to_owned());
-                    tracing::info!(version = v, "etcd reports its release");
-                    if let Some(v) = super::version::Version::parse(v) {
-                        super::version::warn_known_issues(v, "server");
-                        // The release that served this data dir: what the next start's upgrade
-                        // check compares with.
-                        if let Err(e) = crate::etcd::version::record_release(&data_dir, v) {
-                            tracing::warn!(error = %e, "cannot record the etcd release beside the data dir");
-                        }
-                    }
-                }
-                if previous_ok != h.healthy {
-                    match &h.reason {
-                        None => tracing::info!(revision = h.revision, "etcd is healthy"),
-                        Some(r) => tracing::warn!(reason = %r, "etcd is not healthy"),
-                    }
-                }
-                seen_healthy = h.healthy;
-                health.send_replace(h);
+                seen_healthy = publish(
+                    &health,
+                    state.incarnation,
+                    result,
+                    space,
+                    &mut reported_version,
+                    &data_dir,
+                );
             }
         } else {
             client = None;
@@ -216,6 +174,91 @@ pub async fn run(
             _ = tokio::time::sleep(wait) => {}
         }
     }
+}
+
+/// A check made during a defragmentation (or just after one): with `--space-defrag-not-ready`,
+/// not ready; otherwise a failed check keeps this incarnation's previous verdict, since etcd
+/// answers nothing while it defragments and a busy etcd is not a broken one.
+fn during_defrag(
+    mut result: Result<Health, String>,
+    defrag_now: bool,
+    defrag_recent: bool,
+    defrag_not_ready: bool,
+    health: &watch::Sender<Health>,
+    incarnation: u64,
+) -> Result<Health, String> {
+    if defrag_not_ready && (defrag_now || result.is_err() && defrag_recent) {
+        // The operator asked (`--space-defrag-not-ready`): clients go elsewhere meanwhile,
+        // and for a check that failed just after it, which is the defrag's doing too.
+        result = Err(
+            "etcd is defragmenting its database and answers nothing until it is done \
+             (--space-defrag-not-ready)"
+                .to_owned(),
+        );
+    } else if let Err(reason) = &result
+        && defrag_recent
+    {
+        // etcd answers nothing while it defragments: a check that failed during one (or
+        // just after) keeps the previous verdict of this incarnation instead of calling a
+        // busy etcd unhealthy.
+        let prev = health.borrow().clone();
+        if prev.healthy && prev.incarnation == incarnation {
+            tracing::debug!(reason = %reason, "health check failed during defragmentation; verdict held");
+            result = Ok(prev);
+        }
+    }
+    result
+}
+
+/// Publishes one check's verdict for `incarnation` (logging a change and the release etcd
+/// reports, which is recorded beside the data dir); whether etcd is healthy.
+fn publish(
+    health: &watch::Sender<Health>,
+    incarnation: u64,
+    result: Result<Health, String>,
+    space: Option<crate::space::Sample>,
+    reported_version: &mut Option<String>,
+    data_dir: &std::path::Path,
+) -> bool {
+    let previous_ok = health.borrow().healthy && health.borrow().incarnation == incarnation;
+    let h = match result {
+        Ok(mut h) => {
+            h.incarnation = incarnation;
+            // (A verdict held through a defragmentation keeps its older sizes.)
+            h.space = space.or(h.space);
+            h
+        }
+        Err(reason) => Health {
+            incarnation,
+            reason: Some(reason),
+            checked_at: Some(SystemTime::now()),
+            space,
+            ..Health::default()
+        },
+    };
+    if let Some(v) = h.version.as_deref()
+        && reported_version.as_deref() != Some(v)
+    {
+        *reported_version = Some(v.to_owned());
+        tracing::info!(version = v, "etcd reports its release");
+        if let Some(v) = super::version::Version::parse(v) {
+            super::version::warn_known_issues(v, "server");
+            // The release that served this data dir: what the next start's upgrade
+            // check compares with.
+            if let Err(e) = crate::etcd::version::record_release(data_dir, v) {
+                tracing::warn!(error = %e, "cannot record the etcd release beside the data dir");
+            }
+        }
+    }
+    if previous_ok != h.healthy {
+        match &h.reason {
+            None => tracing::info!(revision = h.revision, "etcd is healthy"),
+            Some(r) => tracing::warn!(reason = %r, "etcd is not healthy"),
+        }
+    }
+    let healthy = h.healthy;
+    health.send_replace(h);
+    healthy
 }
 
 /// One check: the verdict, and the space sample taken on the way (`None` when etcd did not answer

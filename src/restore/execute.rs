@@ -146,21 +146,17 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-/// Restores the store's best chain for `opts.target` into `opts.data_dir`.
-pub async fn restore(
+/// The chains to try, newest first (a rollback point alone for `Target::Rollback`); an error when
+/// none fits the target, or when the newest is encrypted and no identity was given (an older
+/// plaintext chain would be older data than the operator has).
+// The restore's own error, returned once per restore: its size costs nothing.
+#[allow(clippy::result_large_err)]
+fn candidates_for(
     store: &Store,
     opts: &RestoreOptions,
-    reaper: &Reaper,
-) -> Result<RestoreReport, RestoreError> {
-    let started = Instant::now();
-    if !is_empty_dir(&opts.data_dir) {
-        return Err(RestoreError::NotEmpty {
-            path: opts.data_dir.clone(),
-        });
-    }
-    let (fulls, chains) = catalog_waiting(store, opts).await?;
-    // The newest revision any object names, every chain's: what a bump must clear.
-    let named = plan::newest_named(&fulls, &chains);
+    fulls: &[crate::store::layout::SnapshotName],
+    chains: &crate::store::Catalog,
+) -> Result<Vec<Candidate>, RestoreError> {
     let candidates = match opts.target {
         Target::Rollback(point) => vec![plan::Candidate {
             full: point,
@@ -169,7 +165,7 @@ pub async fn restore(
             stop_at: None,
             gap: None,
         }],
-        target => plan::candidates(&fulls, &|c| chains.get(&c).cloned().unwrap_or_default(), target),
+        target => plan::candidates(fulls, &|c| chains.get(&c).cloned().unwrap_or_default(), target),
     };
     if candidates.is_empty() {
         let detail = match (fulls.is_empty(), opts.target) {
@@ -195,18 +191,17 @@ pub async fn restore(
     {
         return Err(RestoreError::NoIdentity { key: enc.key() });
     }
-    check_tool(opts, reaper).await?;
-    let stamp = crate::store::layout::format_time(crate::store::layout::now_ms());
-    let mut work = opts.data_dir.clone().into_os_string();
-    work.push(format!(".restore-{stamp}"));
-    let work = PathBuf::from(work);
-    // Removed however the restore ends, also when its future is dropped (Ctrl-C in `restore`).
-    let _work_guard = RemoveOnDrop(work.clone());
+    Ok(candidates)
+}
+
+/// What the newest candidate falls short of the target by, said as skipped objects: a gap in the
+/// chain, or a revision no backup reaches. Returns them and the revision that was asked for.
+fn shortfall(opts: &RestoreOptions, first: &Candidate) -> (Vec<(String, String)>, i64) {
     let mut skipped = Vec::new();
-    let mut asked = candidates[0].target_revision;
+    let mut asked = first.target_revision;
     // A missing delta is no object to fail on: the listing ends the chain at the gap. What the
     // store lists beyond it is what was asked for, so the result counts as older and says why.
-    if let Some((after, beyond)) = candidates[0].gap {
+    if let Some((after, beyond)) = first.gap {
         let first = match after.kind {
             crate::store::layout::Kind::Delta { first, .. } => first,
             crate::store::layout::Kind::Full { revision, .. } => revision,
@@ -225,7 +220,7 @@ pub async fn restore(
     // the events between its last delta and each new full) is restored as far as the store goes,
     // and said, like a gap.
     if let Target::Revision(r) | Target::ChainAt(_, r) = opts.target
-        && candidates[0].gap.is_none()
+        && first.gap.is_none()
         && asked < r
     {
         let reason = format!(
@@ -235,6 +230,56 @@ pub async fn restore(
         skipped.push((format!("revision {r}"), reason));
         asked = r;
     }
+    (skipped, asked)
+}
+
+/// The restored data moved into place: the WAL where it goes, the restore marker written first
+/// (the writer must never meet the bumped data without it), then the rename.
+// The restore's own error, returned once per restore: its size costs nothing.
+#[allow(clippy::result_large_err)]
+fn swap_in(opts: &RestoreOptions, built: &Path, revision: i64, served: i64) -> Result<(), RestoreError> {
+    if let Some(wal) = &opts.wal_dir {
+        place_wal(built, &opts.data_dir, wal).map_err(RestoreError::Local)?;
+    }
+    // Before the swap: the writer must never meet the bumped data without it.
+    super::marker::record(&opts.data_dir, revision, served).map_err(RestoreError::Local)?;
+    if opts.data_dir.exists() {
+        std::fs::remove_dir(&opts.data_dir).map_err(io("remove the empty target dir", &opts.data_dir))?;
+    }
+    if let Some(parent) = opts.data_dir.parent() {
+        std::fs::create_dir_all(parent).map_err(io("create the parent of", &opts.data_dir))?;
+    }
+    std::fs::rename(built, &opts.data_dir).map_err(io("move the restored data into", &opts.data_dir))?;
+    if let Some(parent) = opts.data_dir.parent() {
+        sync_path(parent);
+    }
+    Ok(())
+}
+
+/// Restores the store's best chain for `opts.target` into `opts.data_dir`.
+pub async fn restore(
+    store: &Store,
+    opts: &RestoreOptions,
+    reaper: &Reaper,
+) -> Result<RestoreReport, RestoreError> {
+    let started = Instant::now();
+    if !is_empty_dir(&opts.data_dir) {
+        return Err(RestoreError::NotEmpty {
+            path: opts.data_dir.clone(),
+        });
+    }
+    let (fulls, chains) = catalog_waiting(store, opts).await?;
+    // The newest revision any object names, every chain's: what a bump must clear.
+    let named = plan::newest_named(&fulls, &chains);
+    let candidates = candidates_for(store, opts, &fulls, &chains)?;
+    check_tool(opts, reaper).await?;
+    let stamp = crate::store::layout::format_time(crate::store::layout::now_ms());
+    let mut work = opts.data_dir.clone().into_os_string();
+    work.push(format!(".restore-{stamp}"));
+    let work = PathBuf::from(work);
+    // Removed however the restore ends, also when its future is dropped (Ctrl-C in `restore`).
+    let _work_guard = RemoveOnDrop(work.clone());
+    let (mut skipped, asked) = shortfall(opts, &candidates[0]);
     for mut cand in candidates {
         let mut unavailable = 0;
         let result = loop {
@@ -283,22 +328,7 @@ pub async fn restore(
         else {
             continue;
         };
-        let built = work.join("data");
-        if let Some(wal) = &opts.wal_dir {
-            place_wal(&built, &opts.data_dir, wal).map_err(RestoreError::Local)?;
-        }
-        // Before the swap: the writer must never meet the bumped data without it.
-        super::marker::record(&opts.data_dir, revision, served).map_err(RestoreError::Local)?;
-        if opts.data_dir.exists() {
-            std::fs::remove_dir(&opts.data_dir).map_err(io("remove the empty target dir", &opts.data_dir))?;
-        }
-        if let Some(parent) = opts.data_dir.parent() {
-            std::fs::create_dir_all(parent).map_err(io("create the parent of", &opts.data_dir))?;
-        }
-        std::fs::rename(&built, &opts.data_dir).map_err(io("move the restored data into", &opts.data_dir))?;
-        if let Some(parent) = opts.data_dir.parent() {
-            sync_path(parent);
-        }
+        swap_in(opts, &work.join("data"), revision, served)?;
         let _ = std::fs::remove_dir_all(&work);
         if revision < asked {
             tracing::error!(restored = revision, asked, used = %cand.full.key(), skipped = ?skipped, "restored OLDER data than the store's newest backup: objects were corrupt or missing");

@@ -667,6 +667,28 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
             })
             .collect(),
     ));
+    out.extend(snapshot_families(&b));
+    out.extend(space_families(shared, &b));
+    out.extend(restore_families(shared));
+    if let Some(rev) = b.backed_up_revision {
+        out.push(family(
+            "etcd_warden_backup_revision",
+            vec![(Vec::new(), rev as f64)],
+        ));
+        if let Some(cur) = etcd_revision {
+            out.push(family(
+                "etcd_warden_delta_lag_revisions",
+                vec![(Vec::new(), (cur - rev).max(0) as f64)],
+            ));
+        }
+    }
+    out
+}
+
+/// The last full and delta: age, time, duration, size; and the delta not yet uploaded.
+fn snapshot_families(b: &crate::backup::BackupStatus) -> Vec<Family> {
+    let mut out = Vec::new();
+    let family = Family::of;
     let mut ages = Vec::new();
     for (kind, info) in [("full", &b.last_full), ("delta", &b.last_delta)] {
         if let Some(at) = info.as_ref().and_then(|i| i.at) {
@@ -700,6 +722,13 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
         "etcd_warden_delta_pending_bytes",
         vec![(Vec::new(), b.pending_delta_bytes as f64)],
     ));
+    out
+}
+
+/// The space keeper: its counters, etcd's space as the health loop last saw it, the last defrag.
+fn space_families(shared: &Shared, b: &crate::backup::BackupStatus) -> Vec<Family> {
+    let mut out = Vec::new();
+    let family = Family::of;
     out.push(family(
         "etcd_warden_defrags",
         vec![(Vec::new(), b.defrags_total as f64)],
@@ -738,6 +767,13 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
             vec![(Vec::new(), d.duration_seconds)],
         ));
     }
+    out
+}
+
+/// Restores this warden ran, and the restore drill.
+fn restore_families(shared: &Shared) -> Vec<Family> {
+    let mut out = Vec::new();
+    let family = Family::of;
     let restores = shared.restores.borrow().clone();
     out.push(family(
         "etcd_warden_restores",
@@ -765,18 +801,6 @@ fn backup_families(shared: &Shared, etcd_revision: Option<i64>) -> Vec<Family> {
             "etcd_warden_restore_drill_duration_seconds",
             vec![(Vec::new(), s)],
         ));
-    }
-    if let Some(rev) = b.backed_up_revision {
-        out.push(family(
-            "etcd_warden_backup_revision",
-            vec![(Vec::new(), rev as f64)],
-        ));
-        if let Some(cur) = etcd_revision {
-            out.push(family(
-                "etcd_warden_delta_lag_revisions",
-                vec![(Vec::new(), (cur - rev).max(0) as f64)],
-            ));
-        }
     }
     out
 }

@@ -208,6 +208,57 @@ async fn single_round(
     }
 }
 
+/// The store's pending cluster restore plan for this member and the fact the table reads of it:
+/// whether it applies (quorum lost, or `--force`, or the other members already restored by it).
+async fn plan_facts(
+    store: Option<&crate::store::Store>,
+    name: &str,
+    data: &std::path::Path,
+    quorum: bool,
+) -> (
+    Result<Option<crate::store::plan::Plan>, String>,
+    Option<Result<Option<bool>, String>>,
+) {
+    let plan = match store {
+        Some(store) => crate::cluster::restore::pending_plan(store, name, data).await,
+        None => Ok(None),
+    };
+    let fact = match &plan {
+        Ok(Some(p)) => {
+            let others_done = match store {
+                Some(store) if quorum && !p.force => {
+                    crate::cluster::restore::others_done(store, p, name).await
+                }
+                _ => false,
+            };
+            let marker = crate::restore::marker::plan_applied(data);
+            Some(Ok(Some(crate::cluster::restore::applies(
+                p,
+                quorum,
+                others_done,
+                marker.as_ref(),
+            ))))
+        }
+        Ok(None) => Some(Ok(None)),
+        Err(e) => Some(Err(e.clone())),
+    };
+    (plan, fact)
+}
+
+/// Why a cluster member waits, with what the operator can do about it.
+fn wait_reason(why: String, facts: &Facts, journal: Option<&Journal>, cfg: &MemberConfig) -> String {
+    match (&facts.existed, journal.and_then(|j| j.moved_aside.as_ref())) {
+        (Some(Ok(e)), _) if !e.is_empty() => format!(
+            "{why}. Bring a majority of the members back, or restore the whole cluster from the store: etcd-warden cluster restore --store {}",
+            cfg.store
+        ),
+        (_, Some(kept)) if !facts.peers.quorum => {
+            format!("{why} (the broken data dir is kept at {})", kept.display())
+        }
+        _ => why,
+    }
+}
+
 /// One look at a cluster member; `None`: it waited or changed something, look again.
 async fn cluster_round(
     cfg: &MemberConfig,
@@ -221,6 +272,7 @@ async fn cluster_round(
     let me = cs::me(cfg)?;
     let data = &dirs.data;
     if left.is_some() {
+        // A member that left its cluster never rejoins on its own: the table says why it waits.
         let f = Facts {
             left,
             ..Facts::new(true, Local::Missing)
@@ -238,32 +290,7 @@ async fn cluster_round(
         crate::cluster::peers::survey(&cfg.client, &me.others, &cfg.cluster_endpoints, &me.client_urls).await;
     tracing::debug!(quorum = survey.quorum.is_some(), failures = ?survey.failures, "the other members asked");
     let store = cfg.backup.open_store().ok();
-    let plan = match &store {
-        Some(store) => match crate::cluster::restore::pending_plan(store, &me.name, data).await {
-            Ok(p) => Ok(p),
-            Err(e) => Err(e),
-        },
-        None => Ok(None),
-    };
-    let plan_fact = match &plan {
-        Ok(Some(p)) => {
-            let others_done = match (&survey.quorum, store.as_ref()) {
-                (Some(_), Some(store)) if !p.force => {
-                    crate::cluster::restore::others_done(store, p, &me.name).await
-                }
-                _ => false,
-            };
-            let marker = crate::restore::marker::plan_applied(data);
-            Some(Ok(Some(crate::cluster::restore::applies(
-                p,
-                survey.quorum.is_some(),
-                others_done,
-                marker.as_ref(),
-            ))))
-        }
-        Ok(None) => Some(Ok(None)),
-        Err(e) => Some(Err(e.clone())),
-    };
+    let (plan, plan_fact) = plan_facts(store.as_ref(), &me.name, data, survey.quorum.is_some()).await;
     let round = cs::Round {
         cfg,
         me: &me,
@@ -293,20 +320,7 @@ async fn cluster_round(
                 facts.existed = Some(cs::history(cfg, &me, &survey).await);
             }
             Action::Wait(why) => {
-                let why = match (
-                    &facts.existed,
-                    journal.as_ref().and_then(|j| j.moved_aside.as_ref()),
-                ) {
-                    (Some(Ok(e)), _) if !e.is_empty() => format!(
-                        "{why}. Bring a majority of the members back, or restore the whole cluster from the store: etcd-warden cluster restore --store {}",
-                        cfg.store
-                    ),
-                    (_, Some(kept)) if !facts.peers.quorum => {
-                        format!("{why} (the broken data dir is kept at {})", kept.display())
-                    }
-                    _ => why,
-                };
-                waited(why);
+                waited(wait_reason(why, &facts, journal.as_ref(), cfg));
                 tokio::time::sleep(RETRY).await;
                 return Ok(None);
             }

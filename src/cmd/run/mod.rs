@@ -27,12 +27,13 @@ use std::time::{Duration, SystemTime};
 
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backup::{Backup, BackupStatus};
 use crate::etcd::Health;
-use crate::etcd::supervisor::{ChildState, Supervisor};
+use crate::etcd::supervisor::{ChildState, Request, Supervisor};
 use crate::ownership::OwnershipStatus;
 use crate::ownership::fence::FenceStatus;
 use crate::process::pid1::{ExitStatus, InitRole, Reaper};
@@ -202,18 +203,7 @@ pub async fn run(
     };
     shared.supervisor_heartbeat.beat();
     shared.health_heartbeat.beat();
-    tracing::info!(
-        etcd = %config.member.launch.program.display(),
-        etcd_version = etcd_version.map(|v| v.to_string()),
-        name = %config.member.etcd.name,
-        data_dir = %config.member.etcd.data_dir.display(),
-        endpoints = %config.member.client.endpoints.join(","),
-        listen = %config.listen,
-        store = %config.member.store,
-        owner_name = config.ownership.as_ref().map(|o| o.lookup.name.as_str()),
-        role = ?role,
-        "etcd-warden starting"
-    );
+    log_start(&config, etcd_version, role);
 
     let (defrag_tx, defrag_rx) = watch::channel(false);
     let (leave_tx, leave_rx) = mpsc::channel(1);
@@ -232,47 +222,24 @@ pub async fn run(
         promote: config.standby.is_some().then_some(promote_tx),
     });
     spawn_serving(&tracker, listener, admin, &shared, actions, &cancel);
-    tracker.spawn(crate::etcd::health::run(
-        config.member.client.clone(),
-        config.member.backup.data_dir.clone(),
-        config.health_interval,
+    spawn_health(
+        &tracker,
+        &config,
+        &shared,
         child_rx.clone(),
         health_tx,
         defrag_rx,
-        config.member.backup.space.defrag_not_ready,
-        config.member.etcd.quota_backend_bytes,
-        shared.health_heartbeat.clone(),
-        cancel.child_token(),
-    ));
+        &cancel,
+    );
     tracker.spawn(crate::serve::notify::run(shared.clone(), cancel.child_token()));
     let recheck = Arc::new(Notify::new());
     // The sender lives as long as the run loop reads it (a closed watch would wake it forever).
-    let _ownership_unchecked = match config.ownership.clone() {
-        Some(oc) => {
-            tracker.spawn(crate::ownership::run(
-                oc,
-                ownership_tx,
-                recheck.clone(),
-                cancel.child_token(),
-            ));
-            None
-        }
-        None => Some(ownership_tx),
-    };
+    let _ownership_unchecked = spawn_ownership(&tracker, &config, ownership_tx, &recheck, &cancel);
     spawn_drill(&tracker, &config, &reaper, drill_tx, &cancel);
     let backup_task = tokio::spawn(backup.run());
 
     // One supervisor for the warden's whole life; it starts etcd only when asked.
-    let (requests, request_rx) = mpsc::channel(16);
-    let supervisor = Supervisor::new(
-        config.policy,
-        config.member.launch.clone(),
-        reaper.clone(),
-        child_tx,
-        shared.supervisor_heartbeat.clone(),
-    )
-    .checking_addresses(config.member.etcd.clone());
-    let supervisor = tokio::spawn(supervisor.run(request_rx));
+    let (requests, supervisor) = start_supervisor(&config, &reaper, child_tx, &shared);
 
     let flush_budget = (config.policy.stop_timeout / 2).min(Duration::from_secs(15));
     let mut terms = Terms {
@@ -367,6 +334,88 @@ async fn check_release(
         return Err(ExitStatus::Code(1));
     }
     Ok((etcd_version, gate.note))
+}
+
+/// The line that says what this warden runs, with what and where.
+fn log_start(config: &RunConfig, etcd_version: Option<crate::etcd::version::Version>, role: InitRole) {
+    tracing::info!(
+        etcd = %config.member.launch.program.display(),
+        etcd_version = etcd_version.map(|v| v.to_string()),
+        name = %config.member.etcd.name,
+        data_dir = %config.member.etcd.data_dir.display(),
+        endpoints = %config.member.client.endpoints.join(","),
+        listen = %config.listen,
+        store = %config.member.store,
+        owner_name = config.ownership.as_ref().map(|o| o.lookup.name.as_str()),
+        role = ?role,
+        "etcd-warden starting"
+    );
+}
+
+/// The ownership checker, when `--owner-*` configures one; without one, the sender is returned
+/// for the caller to keep.
+fn spawn_ownership(
+    tracker: &TaskTracker,
+    config: &RunConfig,
+    ownership_tx: watch::Sender<OwnershipStatus>,
+    recheck: &Arc<Notify>,
+    cancel: &CancellationToken,
+) -> Option<watch::Sender<OwnershipStatus>> {
+    match config.ownership.clone() {
+        Some(oc) => {
+            tracker.spawn(crate::ownership::run(
+                oc,
+                ownership_tx,
+                recheck.clone(),
+                cancel.child_token(),
+            ));
+            None
+        }
+        None => Some(ownership_tx),
+    }
+}
+
+/// The health loop: etcd asked every `--health-interval` while it runs.
+fn spawn_health(
+    tracker: &TaskTracker,
+    config: &RunConfig,
+    shared: &Shared,
+    child_rx: watch::Receiver<ChildState>,
+    health_tx: watch::Sender<Health>,
+    defrag_rx: watch::Receiver<bool>,
+    cancel: &CancellationToken,
+) {
+    tracker.spawn(crate::etcd::health::run(
+        config.member.client.clone(),
+        config.member.backup.data_dir.clone(),
+        config.health_interval,
+        child_rx.clone(),
+        health_tx,
+        defrag_rx,
+        config.member.backup.space.defrag_not_ready,
+        config.member.etcd.quota_backend_bytes,
+        shared.health_heartbeat.clone(),
+        cancel.child_token(),
+    ));
+}
+
+/// The supervisor of the etcd child, and the channel its requests go through.
+fn start_supervisor(
+    config: &RunConfig,
+    reaper: &Reaper,
+    child_tx: watch::Sender<ChildState>,
+    shared: &Shared,
+) -> (mpsc::Sender<Request>, JoinHandle<ExitStatus>) {
+    let (requests, request_rx) = mpsc::channel(16);
+    let supervisor = Supervisor::new(
+        config.policy,
+        config.member.launch.clone(),
+        reaper.clone(),
+        child_tx,
+        shared.supervisor_heartbeat.clone(),
+    )
+    .checking_addresses(config.member.etcd.clone());
+    (requests, tokio::spawn(supervisor.run(request_rx)))
 }
 
 /// The HTTP surface on `--listen` and the admin socket.
