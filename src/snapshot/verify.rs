@@ -254,7 +254,7 @@ pub async fn verify_store(store: &Store) -> Result<Report, StoreError> {
     let mut notes = Vec::new();
     for (chain, deltas) in chains {
         if !starts.contains(&chain) {
-            if deltas.iter().all(|(d, _)| crate::store::gbr::names::orphan(d)) {
+            if deltas.iter().all(|(d, _)| d.is_orphan()) {
                 notes.push(format!(
                     "{} etcd-backup-restore deltas from revision {} on extend no full in the store (its garbage collection removed it); no restore uses them",
                     deltas.len(),

@@ -223,10 +223,15 @@ impl SnapshotName {
         }
     }
 
-    /// The key relative to the store's prefix.
     /// Written by this program (retention and the backup loop touch nothing else).
     pub fn is_own(&self) -> bool {
         self.layout == Layout::Warden
+    }
+
+    /// A delta in a chain that no full starts: etcd-backup-restore's garbage collection removed
+    /// its full (`crate::store::gbr::names`).
+    pub fn is_orphan(&self) -> bool {
+        crate::store::gbr::names::orphan(self)
     }
 
     /// How the payload is compressed, as `backups list` shows it.
@@ -237,6 +242,7 @@ impl SnapshotName {
         }
     }
 
+    /// The key relative to the store's prefix.
     pub fn key(&self) -> String {
         if let Layout::Gbr(g) = &self.layout {
             return crate::store::gbr::names::key(self, g);
