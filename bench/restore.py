@@ -169,6 +169,14 @@ def prepare(a, tmp, store, etcd_flags, ctl, bindir):
     w = subprocess.Popen([a.warden, "run", "--listen", f"{IP}:2378", "--store", store,
                           "--delta-snapshot-period", "2s", "--", a.etcd, *etcd_flags],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, RUST_LOG="warn"))
+    try:
+        return load_and_snapshot(a, tmp, ctl, bindir)
+    finally:
+        # Also when the load fails (a full quota, say): no warden left behind on a removed dir.
+        w.terminate(); w.wait()
+
+
+def load_and_snapshot(a, tmp, ctl, bindir):
     poll("the full snapshot", lambda: status()["backup"]["fulls_total"] >= 1)
     base = status()["backup"]["last_full"]["revision"]
     # Write until the deltas hold the requested number of revisions (a delete of an absent key makes
@@ -190,7 +198,6 @@ def prepare(a, tmp, store, etcd_flags, ctl, bindir):
     snap = os.path.join(tmp, "final.db")
     subprocess.run([os.path.join(bindir, "etcdctl"), f"--endpoints=http://{IP}:2379", "snapshot", "save", snap],
                    env=dict(os.environ, ETCDCTL_API="3"), capture_output=True, check=True)
-    w.terminate(); w.wait()
     print(f"store: full at {base}, deltas to {final} ({final - base} revisions); final DB {os.path.getsize(snap) >> 20} MiB",
           file=sys.stderr)
     return base, final, want, snap
