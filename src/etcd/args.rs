@@ -95,6 +95,14 @@ pub enum ArgsError {
 }
 
 impl EtcdArgs {
+    /// How many members `--initial-cluster` names (1 when it is not given).
+    pub fn initial_members(&self) -> usize {
+        self.initial_cluster
+            .as_deref()
+            .map(|c| c.split(',').filter(|m| !m.trim().is_empty()).count())
+            .unwrap_or(1)
+    }
+
     /// Parses etcd's arguments (without the binary) and its environment. `is_warden_option` names
     /// the warden's own options, so one written after `--` by mistake is refused with a message
     /// that says where it goes (the caller knows the warden's options; this room does not).

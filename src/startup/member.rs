@@ -27,12 +27,7 @@ impl MemberConfig {
     /// A member of a cluster: `--initial-cluster` names others, or its data dir's membership does
     /// (members added at run time to what was started as one).
     pub fn is_cluster_member(&self) -> bool {
-        let configured = self
-            .etcd
-            .initial_cluster
-            .as_deref()
-            .map(|c| c.split(',').filter(|s| !s.trim().is_empty()).count())
-            .unwrap_or(1);
+        let configured = self.etcd.initial_members();
         configured.max(crate::etcd::local::member_count(&self.backup.data_dir).unwrap_or(0)) > 1
     }
 }

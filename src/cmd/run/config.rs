@@ -221,10 +221,7 @@ impl RunConfig {
             member_name: etcd.name.clone(),
             kube_encryption_config: kube_encryption_config.clone(),
             data_dir: std::env::current_dir().unwrap_or_default().join(&etcd.data_dir),
-            cluster: etcd
-                .initial_cluster
-                .as_deref()
-                .is_some_and(|c| c.split(',').filter(|m| !m.trim().is_empty()).count() > 1),
+            cluster: etcd.initial_members() > 1,
         };
         Ok(Self {
             member: MemberConfig {
@@ -357,11 +354,7 @@ fn store_of(o: &RunOptions, etcd: &EtcdArgs) -> Result<StoreUrl, ConfigError> {
     let data_dir_abs = cwd.join(&etcd.data_dir);
     check_data_dir(&data_dir_abs)?;
 
-    let members = etcd
-        .initial_cluster
-        .as_deref()
-        .map(|c| c.split(',').filter(|m| !m.trim().is_empty()).count())
-        .unwrap_or(1);
+    let members = etcd.initial_members();
     if o.store.is_none() && members > 1 {
         // The default store is this member's own directory: the members would not see each
         // other's backups, the head object or a cluster restore plan.
