@@ -183,8 +183,19 @@ mod tests {
         let _ = sleeper.kill();
         #[allow(clippy::disallowed_methods, reason = "a test's own child, outside any reaper")]
         let _ = sleeper.wait();
-        // Nobody listens: nothing to tell.
+        // Nobody listens: nothing to tell. Under `cargo test` other tests of this process fork
+        // children, and one between its fork and its exec holds a copy of `held` for a moment:
+        // wait until the listener is really gone before asking.
+        let port = held.local_addr().unwrap().port();
         drop(held);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !listening_inodes(me, port).is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the dropped listener on port {port} still listens after 5 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         assert_eq!(answered_by_child(&url, me), Ok(()));
     }
 }
