@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use common::cluster::*;
 use common::*;
@@ -514,37 +514,91 @@ fn the_writer_defragments_followers_one_at_a_time_and_itself_last() {
         START,
         || (rounds(&wardens) > done + 1).then_some(()),
     );
-    // The last defragmentation of each member, by its etcd's log, in the order they started.
-    let logged = |log: &str, msg: &str| last_logged(log, msg).expect(msg);
-    let mut last: Vec<(usize, std::time::SystemTime, std::time::SystemTime)> = wardens
+    // Every defragmentation of each member, by its etcd's log: (member, start, end); the one under
+    // way as these logs are read has no end yet. Rounds go on every 3 s while the logs are read, so
+    // every check below holds at any moment, not only between rounds.
+    const MOVED: &str = "leadership moved to a defragmented follower before defragmenting this member";
+    let logs: Vec<String> = wardens.iter().map(|w| w.as_ref().unwrap().log_text()).collect();
+    let mut runs: Vec<(usize, SystemTime, Option<SystemTime>)> = Vec::new();
+    for (i, log) in logs.iter().enumerate() {
+        let starts = all_logged(log, "starting defragment");
+        let ends = all_logged(log, "finished defragment");
+        assert!(
+            ends.len() == starts.len() || ends.len() + 1 == starts.len(),
+            "m{i}'s etcd logged {} defragmentations started and {} finished",
+            starts.len(),
+            ends.len()
+        );
+        runs.extend(
+            starts
+                .iter()
+                .enumerate()
+                .map(|(k, s)| (i, *s, ends.get(k).copied())),
+        );
+    }
+    runs.sort_by_key(|(_, start, _)| *start);
+    let shown: Vec<String> = runs
         .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            let log = w.as_ref().unwrap().log_text();
-            (
-                i,
-                logged(&log, "starting defragment"),
-                logged(&log, "finished defragment"),
+        .map(|(m, start, end)| {
+            let at = |t: &SystemTime| humantime::format_rfc3339_millis(*t).to_string();
+            format!(
+                "m{m} {}..{}",
+                at(start),
+                end.as_ref().map_or("(running)".into(), at)
             )
         })
         .collect();
-    last.sort_by_key(|(_, start, _)| *start);
-    for pair in last.windows(2) {
+    // One member at a time, in the whole run: each defragmentation ends before the next begins.
+    for pair in runs.windows(2) {
+        let (a, _, a_end) = pair[0];
+        let (b, b_start, _) = pair[1];
         assert!(
-            pair[1].1 >= pair[0].2,
-            "m{} started defragmenting before m{} finished: {last:?}",
-            pair[1].0,
-            pair[0].0
+            a_end.is_some_and(|end| b_start >= end),
+            "m{b} started defragmenting before m{a} finished: {shown:#?}"
         );
     }
-    let (final_member, ..) = *last.last().unwrap();
+    // The newest round whose writer moved its leadership away: every other member was defragmented
+    // after the round before it began and before the move, and the writer's own member only after.
+    let mut moves: Vec<(SystemTime, usize)> = logs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, log)| warden_logged(log, MOVED).into_iter().map(move |t| (t, i)))
+        .collect();
+    moves.sort();
+    let &(moved_at, writer) = moves.last().unwrap_or_else(|| {
+        panic!("no writer moved its leadership away before defragmenting itself: {shown:#?}")
+    });
+    // The round before it ended when its writer's own member was defragmented, after its move.
+    let round_began = moves.iter().rev().nth(1).map(|&(t, w)| {
+        runs.iter()
+            .find(|(m, start, _)| *m == w && *start > t)
+            .and_then(|(.., end)| *end)
+            .unwrap_or_else(|| {
+                panic!("m{w} moved its leadership at {t:?} and was not defragmented after: {shown:#?}")
+            })
+    });
+    let in_round = |start: SystemTime| round_began.is_none_or(|t| start > t) && start < moved_at;
+    for i in (0..ips.len()).filter(|i| *i != writer) {
+        assert!(
+            runs.iter()
+                .any(|(m, start, end)| *m == i && in_round(*start) && end.is_some_and(|end| end <= moved_at)),
+            "m{i} was not defragmented in m{writer}'s round before it moved its leadership at {moved_at:?}: {shown:#?}"
+        );
+    }
     assert!(
-        wardens[final_member]
-            .as_ref()
-            .unwrap()
-            .log_text()
-            .contains("leadership moved to a defragmented follower before defragmenting this member"),
-        "m{final_member}, defragmented last, did not move its leadership away first"
+        runs.iter().all(|(m, start, _)| *m != writer || !in_round(*start)),
+        "m{writer} was defragmented in its own round before it moved its leadership away: {shown:#?}"
+    );
+    wait_for(
+        &format!("m{writer}'s own defragmentation after it moved its leadership at {moved_at:?}"),
+        START,
+        || {
+            let log = wardens[writer].as_ref().unwrap().log_text();
+            all_logged(&log, "finished defragment")
+                .iter()
+                .any(|end| *end > moved_at)
+                .then_some(())
+        },
     );
     for (i, ip) in ips.iter().enumerate() {
         let after = db_size(ip);

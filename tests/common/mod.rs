@@ -1065,8 +1065,26 @@ pub fn run_block(block: &str, vars: &[(&str, String)], path_dirs: &[&Path], what
 /// The `ts` of the last etcd JSON log line with exactly `msg` in `log` (a warden's log carries its
 /// etcd's lines).
 pub fn last_logged(log: &str, msg: &str) -> Option<std::time::SystemTime> {
+    all_logged(log, msg).pop()
+}
+
+/// The `ts` of every etcd JSON log line with exactly `msg` in `log`, oldest first.
+pub fn all_logged(log: &str, msg: &str) -> Vec<std::time::SystemTime> {
     let needle = format!("\"msg\":\"{msg}\"");
-    let line = log.lines().rfind(|l| l.contains(&needle))?;
-    let v: serde_json::Value = serde_json::from_str(line).ok()?;
-    humantime::parse_rfc3339(v["ts"].as_str()?).ok()
+    log.lines()
+        .filter(|l| l.contains(&needle))
+        .filter_map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).ok()?;
+            humantime::parse_rfc3339(v["ts"].as_str()?).ok()
+        })
+        .collect()
+}
+
+/// The time of every line of the warden's own log (not its etcd's) that contains `msg`, oldest
+/// first: its lines open with an RFC 3339 time.
+pub fn warden_logged(log: &str, msg: &str) -> Vec<std::time::SystemTime> {
+    log.lines()
+        .filter(|l| !l.starts_with('{') && l.contains(msg))
+        .filter_map(|l| humantime::parse_rfc3339(l.split_whitespace().next()?).ok())
+        .collect()
 }
