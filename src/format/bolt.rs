@@ -337,6 +337,51 @@ impl BoltFile {
         Ok(())
     }
 
+    /// The key/values of a bucket from the first key at or after `start`, in order, handed to `f`
+    /// one leaf page at a time: only the pages on the way to `start` and after it are read, so
+    /// the tail of a large bucket costs the tail's pages. Bounded: a tree that visits more pages
+    /// than the file holds (a cycle) is corrupt.
+    pub fn visit_bucket_from(
+        &self,
+        b: &BucketValue,
+        start: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]),
+    ) -> Result<(), BoltError> {
+        if b.root == 0 {
+            for (_, k, v) in self.bucket_items(b)? {
+                if k.as_slice() >= start {
+                    f(&k, &v);
+                }
+            }
+            return Ok(());
+        }
+        let mut visited = 0u64;
+        let mut stack = vec![b.root];
+        while let Some(id) = stack.pop() {
+            visited += 1;
+            if visited > self.meta.pgid {
+                return Err(BoltError::Corrupt(
+                    "a bucket visits more pages than the file holds (a cycle)".into(),
+                ));
+            }
+            match self.node(id)? {
+                Node::Leaf(items) => items
+                    .iter()
+                    .filter(|(_, k, _)| k.as_slice() >= start)
+                    .for_each(|(_, k, v)| f(k, v)),
+                Node::Branch(items) => {
+                    // A child holds the keys from its own up to the next child's: those wholly
+                    // below `start` are skipped.
+                    let first = items
+                        .partition_point(|(k, _)| k.as_slice() <= start)
+                        .saturating_sub(1);
+                    stack.extend(items[first..].iter().rev().map(|(_, c)| *c));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Reads every page of every top-level bucket (nested buckets are not etcd's): whether the
     /// file is a sound bbolt tree, for a database that etcd's own tool failed on. Bounded: a tree
     /// that visits more pages than the file holds (a cycle) is corrupt.
@@ -857,5 +902,21 @@ mod tests {
             assert_eq!(v.len(), (i % 300) as usize + if i % 997 == 0 { 9000 } else { 0 });
         }
         assert!(db.appender(&b).expect("appender").last_key() == Some(&(2 * n - 1).to_be_bytes()[..]));
+        // A seek reads the keys from its start on, whatever page and level that start falls in,
+        // and a start between keys begins at the next one.
+        for start in [0u32, 1, 203, 204, 5_000, 19_999, 20_000, 39_999, 40_000] {
+            let mut got = Vec::new();
+            db.visit_bucket_from(&b, &start.to_be_bytes(), |k, _| got.push(k.to_vec()))
+                .expect("seek");
+            let want: Vec<Vec<u8>> = (start..2 * n).map(|i| i.to_be_bytes().to_vec()).collect();
+            assert_eq!(got, want, "from {start}");
+        }
+        let mut between = Vec::new();
+        db.visit_bucket_from(&b, &[0, 0, 0x13, 0x88, 0], |k, _| between.push(k.to_vec()))
+            .expect("seek");
+        assert_eq!(
+            between.first().map(Vec::as_slice),
+            Some(&5_001u32.to_be_bytes()[..])
+        );
     }
 }

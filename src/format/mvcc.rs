@@ -33,6 +33,7 @@ const LEASE_BUCKET: &[u8] = b"lease";
 const META_BUCKET: &[u8] = b"meta";
 const FINISHED_COMPACT: &[u8] = b"finishedCompactRev";
 const SCHEDULED_COMPACT: &[u8] = b"scheduledCompactRev";
+const CONSISTENT_INDEX: &[u8] = b"consistent_index";
 
 pub struct MvccFile {
     db: BoltFile,
@@ -112,6 +113,127 @@ pub fn read_history(path: &Path, mut f: impl FnMut(i64, bool, &[u8])) -> Result<
         },
     )?;
     bad.map_or(Ok(compacted), Err)
+}
+
+/// What [`revisions_after`] read besides the revisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tail {
+    /// The newest compaction mark, finished or scheduled (0: none): the file holds no complete
+    /// revision at or below it.
+    pub compacted: i64,
+    /// `meta.consistent_index`: the last raft entry etcd applied into this file (0: none).
+    pub consistent_index: u64,
+}
+
+/// Reads a member's db file without changing it (no etcd may run on it): `f` gets each revision
+/// after `after`, in order, as the delta format records it, one revision in memory at a time. A
+/// put carries its `mvccpb.KeyValue` fields; a delete its key alone, as etcd's watch reports a
+/// tombstone. An entry without a value (the marker of a revision bump) is no event. Only the
+/// bucket's pages from `after` on are read.
+pub fn revisions_after(path: &Path, after: i64, mut f: impl FnMut(&Revision)) -> Result<Tail, BoltError> {
+    let db = BoltFile::open(path)?;
+    let root = db.root_items()?;
+    let mut tail = Tail {
+        compacted: 0,
+        consistent_index: 0,
+    };
+    for (_, k, v) in db.bucket_items(&BucketValue::parse(bucket(&root, META_BUCKET)?)?)? {
+        let Some(be) = v.get(..8).map(|b| <[u8; 8]>::try_from(b).expect("8 bytes")) else {
+            continue;
+        };
+        if k == FINISHED_COMPACT || k == SCHEDULED_COMPACT {
+            tail.compacted = tail.compacted.max(i64::from_be_bytes(be));
+        } else if k == CONSISTENT_INDEX {
+            tail.consistent_index = u64::from_be_bytes(be);
+        }
+    }
+    let start = revision_key(after.saturating_add(1).max(0), 0, false);
+    let mut current: Option<Revision> = None;
+    let mut bad = None;
+    db.visit_bucket_from(
+        &BucketValue::parse(bucket(&root, KEY_BUCKET)?)?,
+        &start,
+        |k, v| {
+            if bad.is_some() {
+                return;
+            }
+            match event(k, v) {
+                Ok((_, None)) => {}
+                Ok((main, Some(e))) => match current.as_mut() {
+                    Some(r) if r.revision == main => r.events.push(e),
+                    _ => {
+                        if let Some(done) = current.replace(Revision {
+                            revision: main,
+                            events: vec![e],
+                        }) {
+                            f(&done);
+                        }
+                    }
+                },
+                Err(e) => bad = Some(e),
+            }
+        },
+    )?;
+    if let Some(e) = bad {
+        return Err(e);
+    }
+    if let Some(done) = current {
+        f(&done);
+    }
+    Ok(tail)
+}
+
+/// One `key` bucket entry as a delta event: its main revision, and the event (`None`: a bump's
+/// marker, which holds no value).
+fn event(k: &[u8], v: &[u8]) -> Result<(i64, Option<crate::format::delta_codec::Event>), BoltError> {
+    use crate::format::delta_codec::Event;
+    let main = main_revision(k)?;
+    if v.is_empty() {
+        return Ok((main, None));
+    }
+    let corrupt = || {
+        BoltError::Corrupt(format!(
+            "key bucket entry {} holds no mvccpb.KeyValue",
+            hex::encode(k)
+        ))
+    };
+    let fields = crate::format::proto::fields(v).ok_or_else(corrupt)?;
+    let int = |n: u64| {
+        fields
+            .iter()
+            .find(|f| f.0 == n && f.1 == 0)
+            .map_or(0, |f| f.2 as i64)
+    };
+    let bytes = |n: u64| {
+        fields
+            .iter()
+            .find(|f| f.0 == n && f.1 == 2)
+            .map_or(Vec::new(), |f| f.3.to_vec())
+    };
+    let key = bytes(1);
+    if key.is_empty() {
+        return Err(corrupt());
+    }
+    let e = if k.len() == 18 && k[17] == b't' {
+        Event {
+            kind: EventType::Delete,
+            key,
+            value: Vec::new(),
+            lease: 0,
+            create_revision: 0,
+            version: 0,
+        }
+    } else {
+        Event {
+            kind: EventType::Put,
+            key,
+            value: bytes(5),
+            lease: int(6),
+            create_revision: int(2),
+            version: int(4),
+        }
+    };
+    Ok((main, Some(e)))
 }
 
 /// The main revision of a `key` bucket key (17 bytes, or 18 for a tombstone).

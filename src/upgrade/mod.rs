@@ -13,7 +13,6 @@
 
 pub mod cluster;
 pub mod rollback;
-pub mod wal;
 
 use std::path::Path;
 
@@ -176,7 +175,7 @@ pub fn gate(
     if matches!(path, UpgradePath::Supported | UpgradePath::Unverified(_))
         && binary.major == 3
         && binary.minor >= 7
-        && let Some(replay) = wal::replay(wal_dir)
+        && let Some(replay) = crate::format::wal::replay(wal_dir)
         && replay.v2_requests > 0
     {
         path = UpgradePath::Unsupported(format!(

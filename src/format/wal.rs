@@ -1,6 +1,8 @@
-//! Reads a member's WAL (read only) for the one thing an upgrade to 3.7 needs to know: whether
-//! the entries etcd will replay at start (those after the WAL's last raft snapshot) include
-//! requests in etcd 3.5's v2 format. etcd 3.6 still converts those (`v2ToV3Request`); 3.7 dropped
+//! Reads a member's WAL (read only) for what etcd will replay at start: the index of its last
+//! entry (a catch-up writes into the db only when etcd applied every entry,
+//! `crate::restore::catchup`), and for the one thing an upgrade to 3.7 needs to know: whether
+//! the entries etcd will replay (those after the WAL's last raft snapshot) include requests in
+//! etcd 3.5's v2 format. etcd 3.6 still converts those (`v2ToV3Request`); 3.7 dropped
 //! that path and panics on them ("unmarshal should never fail"). A cluster started on 3.5 writes
 //! some (its first cluster version and member attributes), and they stay replayable until a raft
 //! snapshot is taken after them (every `--snapshot-count` entries).
@@ -11,10 +13,10 @@
 //! ends a file (preallocated space). Entry records (type 2) carry a `raftpb.Entry` {type 1,
 //! term 2, index 3, data 4}; snapshot records (type 5) a `walpb.Snapshot` {index 1, term 2}.
 
-use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
 
 use crate::format::proto::fields;
-use std::path::Path;
 
 const ENTRY: u64 = 2;
 const SNAPSHOT: u64 = 5;
@@ -46,10 +48,14 @@ pub struct Replay {
     pub entries: usize,
     /// Of those, requests in the v2 format.
     pub v2_requests: usize,
+    /// The index of the last entry (the snapshot's when no entry follows it): etcd replays every
+    /// entry above the db's consistent index at start.
+    pub last_index: u64,
 }
 
 /// Scans `wal_dir`; `None` when it cannot be read (no WAL, or a format this reader does not
-/// follow: then nothing is claimed).
+/// follow: then nothing is claimed). One record in memory at a time, and the entries after the
+/// newest snapshot record (at most etcd's `--snapshot-count` of them).
 pub fn replay(wal_dir: &Path) -> Option<Replay> {
     let mut files: Vec<_> = std::fs::read_dir(wal_dir)
         .ok()?
@@ -62,53 +68,74 @@ pub fn replay(wal_dir: &Path) -> Option<Replay> {
         return None;
     }
     let mut snapshot_index = 0;
-    // The last record of each index wins (a new leader's entries replace uncommitted ones).
-    let mut entries: BTreeMap<u64, bool> = BTreeMap::new();
+    // (index, a v2 request), in index order; a new record of an index replaces it and every later
+    // one (a new leader's entries replace uncommitted ones).
+    let mut entries: Vec<(u64, bool)> = Vec::new();
     for file in files {
-        let bytes = std::fs::read(&file).ok()?;
-        let mut at = 0usize;
-        while at + 8 <= bytes.len() {
-            let len_field = u64::from_le_bytes(bytes[at..at + 8].try_into().ok()?);
-            let rec_len = (len_field & !(0xffu64 << 56)) as usize;
+        let f = std::fs::File::open(&file).ok()?;
+        let size = f.metadata().ok()?.len();
+        let mut r = std::io::BufReader::new(f);
+        let mut at = 0u64;
+        let mut rec = Vec::new();
+        while at + 8 <= size {
+            let mut len = [0u8; 8];
+            r.read_exact(&mut len).ok()?;
+            let len_field = u64::from_le_bytes(len);
+            let rec_len = len_field & !(0xffu64 << 56);
             let pad = if len_field >> 63 == 1 {
-                ((len_field >> 56) & 7) as usize
+                (len_field >> 56) & 7
             } else {
                 0
             };
             if rec_len == 0 {
                 break;
             }
-            let start = at + 8;
-            let Some(rec) = bytes.get(start..start + rec_len) else {
-                break; // a torn last record: etcd drops it too
-            };
-            at = start + rec_len + pad;
-            let rec = fields(rec)?;
-            let kind = rec.iter().find(|f| f.0 == 1).map(|f| f.2).unwrap_or(0);
-            let data = rec.iter().find(|f| f.0 == 3).map(|f| f.3).unwrap_or(&[]);
+            // Bounded by the file before it is allocated; a torn last record: etcd drops it too.
+            if rec_len > size - at - 8 {
+                break;
+            }
+            rec.resize(rec_len as usize, 0);
+            r.read_exact(&mut rec).ok()?;
+            at += 8 + rec_len + pad;
+            if pad > 0 && std::io::copy(&mut (&mut r).take(pad), &mut std::io::sink()).ok()? < pad {
+                break;
+            }
+            let record = fields(&rec)?;
+            let kind = record.iter().find(|f| f.0 == 1).map(|f| f.2).unwrap_or(0);
+            let data = record.iter().find(|f| f.0 == 3).map(|f| f.3).unwrap_or(&[]);
             match kind {
                 ENTRY => {
                     let e = fields(data)?;
                     let index = e.iter().find(|f| f.0 == 3).map(|f| f.2).unwrap_or(0);
                     let normal = e.iter().find(|f| f.0 == 1).map(|f| f.2).unwrap_or(0) == 0;
                     let payload = e.iter().find(|f| f.0 == 4).map(|f| f.3).unwrap_or(&[]);
-                    entries.split_off(&index);
-                    entries.insert(index, normal && !payload.is_empty() && is_v2_request(payload));
+                    let keep = entries.partition_point(|(i, _)| *i < index);
+                    entries.truncate(keep);
+                    entries.push((index, normal && !payload.is_empty() && is_v2_request(payload)));
                 }
                 SNAPSHOT => {
                     let s = fields(data)?;
                     let index = s.iter().find(|f| f.0 == 1).map(|f| f.2).unwrap_or(0);
                     snapshot_index = snapshot_index.max(index);
+                    let applied = entries.partition_point(|(i, _)| *i <= snapshot_index);
+                    entries.drain(..applied);
                 }
                 _ => {}
             }
         }
     }
-    let after: Vec<bool> = entries.range(snapshot_index + 1..).map(|(_, v2)| *v2).collect();
+    let after: Vec<bool> = entries
+        .iter()
+        .filter(|(i, _)| *i > snapshot_index)
+        .map(|(_, v2)| *v2)
+        .collect();
     Some(Replay {
         snapshot_index,
         entries: after.len(),
         v2_requests: after.iter().filter(|v2| **v2).count(),
+        last_index: entries
+            .last()
+            .map_or(snapshot_index, |(i, _)| (*i).max(snapshot_index)),
     })
 }
 
