@@ -233,6 +233,54 @@ pub fn bump_amount(restored: i64, bump: u64, named: i64) -> u64 {
     }
 }
 
+/// The fulls whose chains can continue revision `at` (a standby's poll, a catch-up): the followed
+/// one (while the store holds it), else the newest at or below `at`; and every full after it.
+pub fn chains_to_list(
+    fulls: &[SnapshotName],
+    followed: Option<SnapshotName>,
+    at: i64,
+) -> (Option<SnapshotName>, Vec<SnapshotName>) {
+    let base = match followed {
+        Some(c) if fulls.contains(&c) => Some(c),
+        _ => fulls.iter().rfind(|f| f.last_revision() <= at).copied(),
+    };
+    let order = |f: &SnapshotName| (f.last_revision(), f.created_ms);
+    let newer = fulls
+        .iter()
+        .filter(|f| base.is_none_or(|b| order(f) > order(&b)))
+        .copied()
+        .collect();
+    (base, newer)
+}
+
+/// The deltas (each with its chain's full) that continue revision `at`, in order, and the full of
+/// the last one's chain. Where two chains continue the same revision, `base`'s comes first.
+pub fn continuing(
+    at: i64,
+    base: Option<SnapshotName>,
+    deltas: &mut [(SnapshotName, SnapshotName)],
+) -> (Vec<SnapshotName>, Option<SnapshotName>) {
+    deltas.sort_by_key(|(d, full)| (first_revision(d), Some(*full) != base, d.created_ms));
+    let mut next = Vec::new();
+    let mut chain_full = None;
+    let mut want = at + 1;
+    for (d, full) in deltas.iter() {
+        if first_revision(d) <= want && d.last_revision() >= want {
+            chain_full = Some(*full);
+            next.push(*d);
+            want = d.last_revision() + 1;
+        }
+    }
+    (next, chain_full)
+}
+
+pub fn first_revision(n: &SnapshotName) -> i64 {
+    match n.kind {
+        crate::store::layout::Kind::Delta { first, .. } => first,
+        crate::store::layout::Kind::Full { revision, .. } => revision,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -496,5 +544,85 @@ mod tests {
         let cs = candidates(&fulls, &c, Target::Latest);
         // 11-20 then 11-25 overlaps (first < next) but extends: it is taken from 21 on.
         assert_eq!(cs[0].target_revision, 30);
+    }
+
+    fn full_at(revision: i64, created_ms: u64) -> SnapshotName {
+        SnapshotName::parse(&format!(
+            "v1/full/full-{revision:020}-{}-zstd-plain.ews",
+            crate::store::layout::format_time(created_ms)
+        ))
+        .unwrap()
+    }
+
+    fn chain_delta(
+        base: SnapshotName,
+        first: i64,
+        last: i64,
+        created_ms: u64,
+    ) -> (SnapshotName, SnapshotName) {
+        let chain = base.chain().unwrap();
+        let key = format!(
+            "{}/delta-{first:020}-{last:020}-{}-zstd-plain.ews",
+            crate::store::layout::delta_dir(chain.base, Some(chain.base_created_ms)),
+            crate::store::layout::format_time(created_ms)
+        );
+        (SnapshotName::parse(&key).unwrap(), base)
+    }
+
+    const T0: u64 = 1_796_000_000_000;
+
+    /// A handover between writers: the new writer extends the chain of F0 while the old one's
+    /// late full F1 sits at a higher revision. A standby past F1's revision that follows F0 still
+    /// lists F0's chain and takes its deltas; the newest full at or below its revision alone
+    /// (F1) would have hidden them.
+    #[test]
+    fn the_followed_chain_is_listed_past_a_later_full_of_another_writer() {
+        let (f0, f1) = (full_at(10, T0), full_at(50, T0 + 5_000));
+        let fulls = [f0, f1];
+        let (base, newer) = chains_to_list(&fulls, Some(f0), 60);
+        assert_eq!(base, Some(f0));
+        assert_eq!(newer, vec![f1]);
+        let (base_untracked, _) = chains_to_list(&fulls, None, 60);
+        assert_eq!(
+            base_untracked,
+            Some(f1),
+            "without the followed chain, F1 would be the base"
+        );
+        let mut deltas = vec![
+            chain_delta(f0, 11, 60, T0 + 1_000),
+            chain_delta(f0, 61, 70, T0 + 9_000),
+            chain_delta(f0, 71, 75, T0 + 9_500),
+        ];
+        let (next, chain) = continuing(60, base, &mut deltas);
+        assert_eq!(
+            next.iter().map(|d| d.last_revision()).collect::<Vec<_>>(),
+            vec![70, 75]
+        );
+        assert_eq!(chain, Some(f0));
+    }
+
+    /// A periodic full: the old chain ends, the new one goes on; the deltas continue across, the
+    /// followed one preferred where both cover a revision, and a gap stops the run.
+    #[test]
+    fn deltas_continue_across_chains_in_order_and_stop_at_a_gap() {
+        let (f0, f1) = (full_at(10, T0), full_at(30, T0 + 5_000));
+        let (base, newer) = chains_to_list(&[f0, f1], Some(f0), 20);
+        assert_eq!((base, newer.clone()), (Some(f0), vec![f1]));
+        let mut deltas = vec![
+            chain_delta(f0, 21, 30, T0 + 4_000),
+            chain_delta(f1, 31, 40, T0 + 6_000),
+            chain_delta(f0, 31, 38, T0 + 6_500), // covers 31 too: the followed chain's comes first
+            chain_delta(f1, 45, 50, T0 + 8_000), // after a gap (41..44 in no delta)
+        ];
+        let (next, chain) = continuing(20, base, &mut deltas);
+        assert_eq!(
+            next.iter()
+                .map(|d| (d.chain().unwrap().base, d.last_revision()))
+                .collect::<Vec<_>>(),
+            vec![(10, 30), (10, 38), (30, 40)]
+        );
+        assert_eq!(chain, Some(f1), "the chain followed from then on");
+        let (none, no_chain) = continuing(50, Some(f1), &mut deltas);
+        assert!(none.is_empty() && no_chain.is_none());
     }
 }

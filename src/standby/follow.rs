@@ -313,7 +313,7 @@ impl Follower {
             .filter(|n| n.is_own())
             .collect();
         let at = self.revision;
-        let (base, newer) = chains_to_list(&fulls, self.chain, at);
+        let (base, newer) = crate::restore::plan::chains_to_list(&fulls, self.chain, at);
         let mut deltas: Vec<(SnapshotName, SnapshotName)> = Vec::new();
         for full in base.iter().chain(newer.iter()) {
             let chain = full.chain();
@@ -331,7 +331,7 @@ impl Follower {
                 deltas.push((d, *full));
             }
         }
-        let (next, chain_full) = continuing(at, base, &mut deltas);
+        let (next, chain_full) = crate::restore::plan::continuing(at, base, &mut deltas);
         let objects = fulls
             .iter()
             .copied()
@@ -599,132 +599,9 @@ impl Follower {
     }
 }
 
-/// The fulls whose chains a poll lists: the followed one (while the store holds it), else the
-/// newest at or below `at`; and every full after it.
-fn chains_to_list(
-    fulls: &[SnapshotName],
-    followed: Option<SnapshotName>,
-    at: i64,
-) -> (Option<SnapshotName>, Vec<SnapshotName>) {
-    let base = match followed {
-        Some(c) if fulls.contains(&c) => Some(c),
-        _ => fulls.iter().rfind(|f| f.last_revision() <= at).copied(),
-    };
-    let order = |f: &SnapshotName| (f.last_revision(), f.created_ms);
-    let newer = fulls
-        .iter()
-        .filter(|f| base.is_none_or(|b| order(f) > order(&b)))
-        .copied()
-        .collect();
-    (base, newer)
-}
-
-/// The deltas (each with its chain's full) that continue revision `at`, in order, and the full of
-/// the last one's chain. Where two chains continue the same revision, `base`'s comes first.
-fn continuing(
-    at: i64,
-    base: Option<SnapshotName>,
-    deltas: &mut [(SnapshotName, SnapshotName)],
-) -> (Vec<SnapshotName>, Option<SnapshotName>) {
-    deltas.sort_by_key(|(d, full)| (first_revision(d), Some(*full) != base, d.created_ms));
-    let mut next = Vec::new();
-    let mut chain_full = None;
-    let mut want = at + 1;
-    for (d, full) in deltas.iter() {
-        if first_revision(d) <= want && d.last_revision() >= want {
-            chain_full = Some(*full);
-            next.push(*d);
-            want = d.last_revision() + 1;
-        }
-    }
-    (next, chain_full)
-}
-
-fn first_revision(n: &SnapshotName) -> i64 {
-    match n.kind {
-        crate::store::layout::Kind::Delta { first, .. } => first,
-        crate::store::layout::Kind::Full { revision, .. } => revision,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn full(revision: i64, created_ms: u64) -> SnapshotName {
-        SnapshotName::parse(&format!(
-            "v1/full/full-{revision:020}-{}-zstd-plain.ews",
-            crate::store::layout::format_time(created_ms)
-        ))
-        .unwrap()
-    }
-
-    fn delta(base: SnapshotName, first: i64, last: i64, created_ms: u64) -> (SnapshotName, SnapshotName) {
-        let chain = base.chain().unwrap();
-        let key = format!(
-            "{}/delta-{first:020}-{last:020}-{}-zstd-plain.ews",
-            crate::store::layout::delta_dir(chain.base, Some(chain.base_created_ms)),
-            crate::store::layout::format_time(created_ms)
-        );
-        (SnapshotName::parse(&key).unwrap(), base)
-    }
-
-    const T: u64 = 1_796_000_000_000;
-
-    /// A handover between writers: the new writer extends the chain of F0 while the old one's
-    /// late full F1 sits at a higher revision. A standby past F1's revision that follows F0 still
-    /// lists F0's chain and takes its deltas; the newest full at or below its revision alone
-    /// (F1) would have hidden them.
-    #[test]
-    fn the_followed_chain_is_listed_past_a_later_full_of_another_writer() {
-        let (f0, f1) = (full(10, T), full(50, T + 5_000));
-        let fulls = [f0, f1];
-        let (base, newer) = chains_to_list(&fulls, Some(f0), 60);
-        assert_eq!(base, Some(f0));
-        assert_eq!(newer, vec![f1]);
-        let (base_untracked, _) = chains_to_list(&fulls, None, 60);
-        assert_eq!(
-            base_untracked,
-            Some(f1),
-            "without the followed chain, F1 would be the base"
-        );
-        let mut deltas = vec![
-            delta(f0, 11, 60, T + 1_000),
-            delta(f0, 61, 70, T + 9_000),
-            delta(f0, 71, 75, T + 9_500),
-        ];
-        let (next, chain) = continuing(60, base, &mut deltas);
-        assert_eq!(
-            next.iter().map(|d| d.last_revision()).collect::<Vec<_>>(),
-            vec![70, 75]
-        );
-        assert_eq!(chain, Some(f0));
-    }
-
-    /// A periodic full: the old chain ends, the new one goes on; the deltas continue across, the
-    /// followed one preferred where both cover a revision, and a gap stops the run.
-    #[test]
-    fn deltas_continue_across_chains_in_order_and_stop_at_a_gap() {
-        let (f0, f1) = (full(10, T), full(30, T + 5_000));
-        let (base, newer) = chains_to_list(&[f0, f1], Some(f0), 20);
-        assert_eq!((base, newer.clone()), (Some(f0), vec![f1]));
-        let mut deltas = vec![
-            delta(f0, 21, 30, T + 4_000),
-            delta(f1, 31, 40, T + 6_000),
-            delta(f0, 31, 38, T + 6_500), // covers 31 too: the followed chain's comes first
-            delta(f1, 45, 50, T + 8_000), // after a gap (41..44 in no delta)
-        ];
-        let (next, chain) = continuing(20, base, &mut deltas);
-        assert_eq!(
-            next.iter()
-                .map(|d| (d.chain().unwrap().base, d.last_revision()))
-                .collect::<Vec<_>>(),
-            vec![(10, 30), (10, 38), (30, 40)]
-        );
-        assert_eq!(chain, Some(f1), "the chain followed from then on");
-        let (none, no_chain) = continuing(50, Some(f1), &mut deltas);
-        assert!(none.is_empty() && no_chain.is_none());
-    }
 
     #[test]
     fn the_marker_keeps_the_chain_and_a_promotion_under_way() {
