@@ -382,18 +382,6 @@ fn point_in_time_restore_then_run_keeps_it_and_starts_a_new_chain() {
     );
 }
 
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let dest = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_tree(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), dest).unwrap();
-        }
-    }
-}
-
 /// Two histories whose full snapshots share a revision B under one prefix (a restore to B without a
 /// bump went on writing, and its backups were merged into the same store): each delta names the
 /// exact full it extends, so a restore of either history is exact and never splices the other's
@@ -462,7 +450,7 @@ fn two_histories_sharing_a_base_revision_never_mix() {
     });
     w2.signal(Signal::SIGTERM);
     w2.wait_exit(START);
-    copy_tree(&dir.path().join("store2"), &dir.path().join("store"));
+    copy_dir(&dir.path().join("store2"), &dir.path().join("store"));
 
     let verify = Command::new(WARDEN)
         .args(["backups", "verify", "--store", &store])

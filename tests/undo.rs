@@ -336,18 +336,6 @@ fn undo_without_a_prefix_is_refused_with_64() {
     assert!(err.contains("--prefix") && err.contains("--all"), "{err}");
 }
 
-fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_tree(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), &target).unwrap();
-        }
-    }
-}
-
 /// etcd-backup-restore's backups (tests/fixtures/gbr, written by etcdbrctl itself): `diff
 /// --against-latest` from a past revision lists exactly what etcd's own answers at the two
 /// revisions (recorded when the fixture was made) differ by.
@@ -357,7 +345,7 @@ fn diff_reads_etcd_backup_restore_backups_and_matches_etcds_own_answers() {
     let exp: Value =
         serde_json::from_str(&std::fs::read_to_string(fixture.join("expected.json")).unwrap()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    copy_tree(&fixture.join("store/gzip"), dir.path());
+    copy_dir(&fixture.join("store/gzip"), dir.path());
     let url = format!("file://{}", dir.path().display());
     let latest = exp["final_revision"].as_i64().unwrap();
     for point in [14, 30, 53] {

@@ -123,6 +123,7 @@ pub async fn take_final(
             crate::startup::restore::served_by_private_etcd(
                 &crate::etcd::MemberDirs::of(&cfg.etcd),
                 revision,
+                None,
             );
         }
     }

@@ -518,6 +518,17 @@ impl Failure {
             ObjectError::Local(e) => Self::Local(e),
         }
     }
+
+    /// Said in one line, the delta named (a standby's step, a catch-up).
+    pub(super) fn message(self, cand: &Candidate) -> String {
+        match self {
+            Self::Unavailable(e) => format!("the store did not answer: {e}"),
+            Self::BadFull(e) | Self::Local(e) => e,
+            Self::BadDelta { index, reason } => {
+                format!("{} is corrupt or missing: {reason}", cand.deltas[index].key())
+            }
+        }
+    }
 }
 
 async fn attempt(
@@ -713,7 +724,17 @@ async fn deltas(
         tracing::info!("{REPLAY_THROUGH_ETCD} is set: replaying the deltas through a private etcd");
     } else {
         match MvccFile::open(db) {
-            Ok(file) => return super::write::write_deltas(fetcher, file, cand, &opts.progress, false).await,
+            Ok(file) => {
+                return super::write::write_deltas(
+                    fetcher,
+                    file,
+                    cand,
+                    &opts.progress,
+                    false,
+                    Default::default(),
+                )
+                .await;
+            }
             // Checked before anything is written: the replay below still works on the file.
             Err(e) => {
                 tracing::warn!(error = %e, db = %db.display(), "cannot write the deltas into the restored db directly; replaying them through a private etcd")

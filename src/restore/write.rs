@@ -29,8 +29,17 @@ pub(super) struct Applied(std::collections::HashMap<i64, u64>);
 
 impl Applied {
     fn digest(r: &Revision) -> u64 {
-        let d = crate::format::delta_codec::revision_digest(r);
+        Self::short(&crate::format::delta_codec::revision_digest(r))
+    }
+
+    fn short(d: &[u8; 32]) -> u64 {
         u64::from_le_bytes(d[..8].try_into().expect("8 bytes"))
+    }
+
+    /// Revisions the file already holds, by digest (`crate::format::delta_codec::revision_digest`):
+    /// a delta that holds them must carry the same events.
+    pub(super) fn known(digests: impl IntoIterator<Item = (i64, [u8; 32])>) -> Self {
+        Self(digests.into_iter().map(|(r, d)| (r, Self::short(&d))).collect())
     }
 
     pub(super) fn record(&mut self, r: &Revision) {
@@ -177,18 +186,30 @@ impl DeltaFetcher {
 /// at a time, so memory stays flat however large a delta is, while small deltas are fetched ahead.
 /// Records are written before their delta's digest is checked at its end; a failed check fails the
 /// whole candidate, and nothing is committed to the file before every delta has verified.
+/// What a write of deltas starts from and ends with besides them: the revisions the file already
+/// holds, whose digests the skipped revisions must match (a catch-up's proof), and a last step
+/// before the commit (a catch-up's reach check and revision bump).
+#[derive(Default)]
+pub(super) struct Around {
+    pub known: Applied,
+    pub before_commit: Option<BeforeCommit>,
+}
+
+pub(super) type BeforeCommit = Box<dyn FnOnce(&mut MvccFile) -> Result<(), String> + Send>;
+
 pub(super) async fn write_deltas(
     fetcher: DeltaFetcher,
     file: MvccFile,
     cand: &Candidate,
     progress: &Progress,
     quiet: bool,
+    around: Around,
 ) -> Result<(i64, u64), Failure> {
     let (cand, progress) = (cand.clone(), progress.clone());
     let handle = tokio::runtime::Handle::current();
     let DeltaFetcher { sources, task } = fetcher;
     let result = tokio::task::spawn_blocking(move || {
-        write_deltas_blocking(&handle, sources, file, &cand, &progress, quiet)
+        write_deltas_blocking(&handle, sources, file, &cand, &progress, quiet, around)
     })
     .await
     .map_err(|e| Failure::Local(format!("write the deltas: {e}")));
@@ -203,6 +224,7 @@ fn write_deltas_blocking(
     cand: &Candidate,
     progress: &Progress,
     quiet: bool,
+    around: Around,
 ) -> Result<(i64, u64), Failure> {
     let (started, from) = (Instant::now(), file.revision());
     if !quiet {
@@ -220,7 +242,7 @@ fn write_deltas_blocking(
         )));
     }
     let mut applied = 0u64;
-    let mut applied_digests = Applied::default();
+    let mut applied_digests = around.known;
     for (i, delta) in cand.deltas.iter().enumerate() {
         let store = sources
             .blocking_recv()
@@ -288,6 +310,9 @@ fn write_deltas_blocking(
         }
     }
     let revision = file.revision();
+    if let Some(step) = around.before_commit {
+        step(&mut file).map_err(Failure::Local)?;
+    }
     file.commit()
         .map_err(|e| Failure::Local(format!("commit the restored db: {e}")))?;
     if !quiet {
@@ -321,13 +346,14 @@ pub async fn extend(
         gap: None,
     };
     let fetcher = DeltaFetcher::start(store, &cand);
-    write_deltas(fetcher, file, &cand, &Progress::default(), true)
-        .await
-        .map_err(|e| match e {
-            Failure::Unavailable(e) => format!("the store did not answer: {e}"),
-            Failure::BadFull(e) | Failure::Local(e) => e,
-            Failure::BadDelta { index, reason } => {
-                format!("{} is corrupt or missing: {reason}", cand.deltas[index].key())
-            }
-        })
+    write_deltas(
+        fetcher,
+        file,
+        &cand,
+        &Progress::default(),
+        true,
+        Around::default(),
+    )
+    .await
+    .map_err(|e| e.message(&cand))
 }

@@ -16,7 +16,8 @@
 //! | — | single | missing | newest backup N | restore |
 //! | — | single | present | newest backup N | validate it with a private etcd |
 //! | — | single | at revision R ≥ N | newest backup N | start etcd on it |
-//! | — | single | at revision R < N | newest backup N | move it aside (behind), restore, never below R |
+//! | — | single | at revision R < N | newest backup N, no catch-up tried | catch up: the store's revisions after R written into its db, once shown to be the store's history (`crate::restore::catchup`) |
+//! | — | single | at revision R < N | newest backup N, the catch-up refused or failed | move it aside (behind), restore, never below R |
 //! | — | single | broken (etcd refused it) | newest backup N | move it aside (broken), restore, never below its db file's revision |
 //! | — | single | unknown, db file at D ≥ N | newest backup N | start etcd on it |
 //! | — | single | unknown, db file below N or unreadable | newest backup N | wait, change nothing, validate again |
@@ -98,6 +99,9 @@ pub struct Facts {
     /// Evidence that the cluster existed (a peer's list, the store's record, GBR's backups):
     /// `None` while not asked, `Err` when the store cannot be read.
     pub existed: Option<Result<Vec<String>, String>>,
+    /// Single member behind the store: why catching it up was refused or failed (`None`: not
+    /// tried yet).
+    pub catch_up: Option<String>,
 }
 
 impl Facts {
@@ -113,6 +117,7 @@ impl Facts {
             peers: Peers::default(),
             journal: None,
             existed: None,
+            catch_up: None,
         }
     }
 }
@@ -151,6 +156,9 @@ pub enum Action {
         aside: Option<Aside>,
         floor: Option<i64>,
     },
+    /// Write the store's revisions after `from` into the data dir's own db (single member behind
+    /// the store), when it is shown to be the store's history; else say why.
+    CatchUp { from: i64 },
     /// Restore by the store's cluster restore plan.
     ApplyPlan,
     /// Tell the cluster (through a voter) this member's new peer URLs.
@@ -198,6 +206,7 @@ fn single(f: &Facts) -> Action {
         },
         Local::Present | Local::Sound => Action::Validate,
         Local::At(r) if *r >= newest => Action::Start(format!("local revision {r} ≥ newest backup {newest}")),
+        Local::At(r) if f.catch_up.is_none() => Action::CatchUp { from: *r },
         Local::At(r) => Action::Restore {
             aside: Some(Aside::Behind),
             floor: Some((*r).max(f.offline.unwrap_or(0))),
@@ -305,6 +314,13 @@ mod tests {
         }
     }
 
+    fn refused(f: Facts) -> Facts {
+        Facts {
+            catch_up: Some("not this store's history".into()),
+            ..f
+        }
+    }
+
     fn member(local: Local, quorum: bool) -> Facts {
         Facts {
             peers: Peers {
@@ -354,8 +370,9 @@ mod tests {
             (single(Local::Present, Some(Ok(Some(10)))), Validate),
             (single(Local::At(10), Some(Ok(Some(10)))), Start(String::new())),
             (single(Local::At(11), Some(Ok(Some(10)))), Start(String::new())),
+            (single(Local::At(9), Some(Ok(Some(10)))), CatchUp { from: 9 }),
             (
-                single(Local::At(9), Some(Ok(Some(10)))),
+                refused(single(Local::At(9), Some(Ok(Some(10))))),
                 Restore {
                     aside: Some(Aside::Behind),
                     floor: Some(9),
@@ -377,7 +394,7 @@ mod tests {
                 },
             ),
             (
-                offline(single(Local::At(5), Some(Ok(Some(10)))), 8),
+                refused(offline(single(Local::At(5), Some(Ok(Some(10)))), 8)),
                 Restore {
                     aside: Some(Aside::Behind),
                     floor: Some(8),

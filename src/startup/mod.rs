@@ -145,6 +145,7 @@ async fn single_round(
         offline,
         ..Facts::new(false, local)
     };
+    let mut cluster_id = None;
     loop {
         let action = decide::decide(&facts);
         tracing::debug!(?action, "start-up decision");
@@ -163,7 +164,7 @@ async fn single_round(
             }
             Action::Validate => {
                 step(status, "validating the data dir with a private etcd");
-                facts.local = crate::startup::restore::validate(cfg, reaper, dirs).await;
+                (facts.local, cluster_id) = crate::startup::restore::validate(cfg, reaper, dirs).await;
                 match &facts.local {
                     Local::At(r) => tracing::info!(local = r, "the data dir starts"),
                     Local::Broken(e) => tracing::error!(error = %e, "the data dir does not start"),
@@ -180,6 +181,27 @@ async fn single_round(
                     tracing::info!(reason, "starting etcd on the data dir as it is");
                 }
                 return Ok(Some(Decision::Keep(reason)));
+            }
+            Action::CatchUp { from } => {
+                step(status, "catching up from the store's deltas");
+                let newest = facts
+                    .newest_backup
+                    .clone()
+                    .and_then(Result::ok)
+                    .flatten()
+                    .unwrap_or(from);
+                match crate::startup::restore::catch_up_member(cfg, status, dirs, cluster_id, newest).await {
+                    Ok(decision) => return Ok(Some(decision)),
+                    Err(why) => {
+                        tracing::warn!(
+                            local = from,
+                            newest_backup = newest,
+                            why,
+                            "the data dir is behind the store and cannot be caught up from its deltas: restoring the newest backup instead"
+                        );
+                        facts.catch_up = Some(why);
+                    }
+                }
             }
             Action::Restore { aside, floor } => {
                 step(status, "restoring from the store");

@@ -72,7 +72,10 @@ pub fn offline_revision(dirs: &MemberDirs) -> Option<i64> {
 /// it instead of starting a private etcd again (2-3 s on a busy machine), so a start-up check
 /// interrupted again and again (ownership flapping) still gets etcd started. In memory only: a
 /// new warden validates once.
-static LAST_SERVED: std::sync::Mutex<Option<(Vec<FileStamp>, i64)>> = std::sync::Mutex::new(None);
+static LAST_SERVED: std::sync::Mutex<Option<Served>> = std::sync::Mutex::new(None);
+
+/// The files as left, the revision served, the cluster ID when known.
+type Served = (Vec<FileStamp>, i64, Option<u64>);
 
 type FileStamp = (std::path::PathBuf, u64, Option<std::time::SystemTime>);
 
@@ -98,33 +101,33 @@ fn stamp(dirs: &MemberDirs) -> Option<Vec<FileStamp>> {
     Some(out)
 }
 
-/// Records that a private etcd, now stopped, served `dirs` at `revision` (a validation, the
-/// fence's final snapshot).
-pub fn served_by_private_etcd(dirs: &MemberDirs, revision: i64) {
+/// Records that a private etcd, now stopped, served `dirs` at `revision` as a member of
+/// `cluster` when known (a validation, the fence's final snapshot).
+pub fn served_by_private_etcd(dirs: &MemberDirs, revision: i64, cluster: Option<u64>) {
     if let (Some(st), Ok(mut last)) = (stamp(dirs), LAST_SERVED.lock()) {
-        *last = Some((st, revision));
+        *last = Some((st, revision, cluster));
     }
 }
 
-/// The revision a private etcd served `dirs` at, if nothing touched them since.
-fn served_untouched(dirs: &MemberDirs) -> Option<i64> {
+/// The revision (and cluster ID) a private etcd served `dirs` at, if nothing touched them since.
+fn served_untouched(dirs: &MemberDirs) -> Option<(i64, Option<u64>)> {
     let now = stamp(dirs)?;
     let last = LAST_SERVED.lock().ok()?;
     match last.as_ref() {
-        Some((st, revision)) if *st == now => Some(*revision),
+        Some((st, revision, cluster)) if *st == now => Some((*revision, *cluster)),
         _ => None,
     }
 }
 
 /// A present data dir, validated by a private etcd: its revision, why etcd refused it, or why
-/// nothing could be learnt (which is no evidence against it).
-pub async fn validate(cfg: &MemberConfig, reaper: &Reaper, dirs: &MemberDirs) -> Local {
-    if let Some(revision) = served_untouched(dirs) {
+/// nothing could be learnt (which is no evidence against it); and the cluster ID etcd reported.
+pub async fn validate(cfg: &MemberConfig, reaper: &Reaper, dirs: &MemberDirs) -> (Local, Option<u64>) {
+    if let Some((revision, cluster)) = served_untouched(dirs) {
         tracing::info!(
             revision,
             "the data dir is as a private etcd left it at this revision: not validated again"
         );
-        return Local::At(revision);
+        return (Local::At(revision), cluster);
     }
     // Beside the data dir: writable wherever the data dir's parent is (a FROM-scratch image has
     // no /tmp).
@@ -143,9 +146,15 @@ pub async fn validate(cfg: &MemberConfig, reaper: &Reaper, dirs: &MemberDirs) ->
         .map_err(|e| (e.refused, e.message))?;
         let rev = async {
             let mut c = private.client().await?;
-            crate::etcd::private::revision(&mut c, true)
+            let revision = crate::etcd::private::revision(&mut c, true)
                 .await
-                .map_err(|e| format!("read the local revision: {e}"))
+                .map_err(|e| format!("read the local revision: {e}"))?;
+            let cluster = c
+                .status()
+                .await
+                .ok()
+                .and_then(|s| s.header().map(|h| h.cluster_id()));
+            Ok::<_, String>((revision, cluster))
         }
         .await;
         private.stop().await;
@@ -154,12 +163,12 @@ pub async fn validate(cfg: &MemberConfig, reaper: &Reaper, dirs: &MemberDirs) ->
     .await;
     let _ = std::fs::remove_file(&log);
     match check {
-        Ok(rev) => {
-            served_by_private_etcd(dirs, rev);
-            Local::At(rev)
+        Ok((rev, cluster)) => {
+            served_by_private_etcd(dirs, rev, cluster);
+            (Local::At(rev), cluster)
         }
-        Err((true, e)) => Local::Broken(e),
-        Err((false, e)) => Local::Unknown(e),
+        Err((true, e)) => (Local::Broken(e), None),
+        Err((false, e)) => (Local::Unknown(e), None),
     }
 }
 
@@ -280,6 +289,53 @@ pub async fn restore_member(
     }
 }
 
+/// Catches a data dir that is behind the store up from the store's deltas, in place
+/// (`crate::restore::catchup`); `Err`: why it was not (nothing changed), and the full restore
+/// follows.
+pub async fn catch_up_member(
+    cfg: &MemberConfig,
+    status: &watch::Sender<Option<String>>,
+    dirs: &MemberDirs,
+    cluster_id: Option<u64>,
+    newest: i64,
+) -> Result<Decision, String> {
+    let store = open_store(cfg)?;
+    let opts = crate::restore::CatchUpOptions {
+        data_dir: dirs.data.clone(),
+        wal_dir: dirs.wal.clone(),
+        cluster_id,
+        newest,
+        bump_revision: cfg.restore_bump_revision,
+        progress: {
+            let status = status.clone();
+            crate::restore::execute::Progress::to(move |what| {
+                if what.is_some() {
+                    status.send_replace(what);
+                }
+            })
+        },
+    };
+    let done = crate::restore::catch_up(&store, &opts).await?;
+    tracing::info!(
+        from = done.from,
+        to = done.revision,
+        revision = done.served,
+        bumped_by = done.bumped_by,
+        deltas = done.deltas,
+        revisions = done.revisions_applied,
+        seconds = done.seconds,
+        "data dir caught up from the store's deltas (not moved aside, no full restored)"
+    );
+    Ok(Decision::Restored {
+        revision: done.served,
+        backed_up_revision: done.revision,
+        target_revision: newest,
+        skipped: Vec::new(),
+        moved_aside: None,
+        seconds: done.seconds,
+    })
+}
+
 /// Whether `data` is a data dir at all (for the table: missing or present).
 pub fn local_fact(dirs: &MemberDirs) -> Local {
     if dirs.is_empty() {
@@ -300,12 +356,12 @@ mod tests {
         std::fs::create_dir_all(dirs.data.join("member/wal")).unwrap();
         std::fs::write(dirs.data.join("member/wal/0.wal"), b"x").unwrap();
         assert_eq!(served_untouched(&dirs), None);
-        served_by_private_etcd(&dirs, 42);
-        assert_eq!(served_untouched(&dirs), Some(42));
+        served_by_private_etcd(&dirs, 42, Some(7));
+        assert_eq!(served_untouched(&dirs), Some((42, Some(7))));
         // etcd (or anything) wrote to it since: validated again.
         std::fs::write(dirs.data.join("member/wal/1.wal"), b"y").unwrap();
         assert_eq!(served_untouched(&dirs), None);
-        served_by_private_etcd(&dirs, 43);
+        served_by_private_etcd(&dirs, 43, None);
         std::fs::write(dirs.data.join("member/wal/1.wal"), b"yz").unwrap();
         assert_eq!(served_untouched(&dirs), None);
     }

@@ -1062,6 +1062,37 @@ pub fn run_block(block: &str, vars: &[(&str, String)], path_dirs: &[&Path], what
     stdout
 }
 
+/// The entries of `dir` whose name contains `infix` (a data dir's moved-aside siblings).
+pub fn entries_named(dir: &Path, infix: &str) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().contains(infix))
+        .collect()
+}
+
+/// A copy of the directory tree `from` at `to` (created).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+/// Now, in Unix seconds (what /status reports times in).
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
 /// The `ts` of the last etcd JSON log line with exactly `msg` in `log` (a warden's log carries its
 /// etcd's lines).
 pub fn last_logged(log: &str, msg: &str) -> Option<std::time::SystemTime> {

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Catch-up benchmark: a data dir behind the store (an old disk put back) is brought to the store's
+newest revision by `run`'s start-up check, which writes the missing revisions into its own db
+(`restore::catchup`), against the whole restore the same check does for a lost data dir, in the
+same run, on the same store. Reports, per round: the catch-up's own seconds (from its log line),
+start to /readyz 200 for both, the warden's peak RSS, and the cost per missing revision. Each
+result is checked: etcd serves the store's last revision with the original's HashKV there.
+
+Usage: bench/catchup.py --etcd PATH [--mib 1024] [--revisions 20000] [--rounds 2]
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from restore import IP, hashkv, poll, port_free, revision, status  # noqa: E402
+
+
+def ready():
+    try:
+        with urllib.request.urlopen(f"http://{IP}:2378/readyz", timeout=2) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def peak_rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+def warden(a, store, etcd_flags, log):
+    if not port_free():
+        raise SystemExit(f"something already listens on {IP}:2379")
+    return subprocess.Popen([a.warden, "run", "--listen", f"{IP}:2378", "--store", store,
+                             "--delta-snapshot-period", "2s", "--restore-bump-revision", "0",
+                             "--", a.etcd, *etcd_flags],
+                            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, RUST_LOG="info"))
+
+
+def stop(w):
+    w.terminate()
+    w.wait()
+
+
+def copy(src, dst):
+    shutil.rmtree(dst, ignore_errors=True)
+    subprocess.run(["cp", "-a", "--reflink=auto", src, dst], check=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--etcd", required=True)
+    ap.add_argument("--warden", default="target/release/etcd-warden")
+    ap.add_argument("--mib", type=int, default=1024)
+    ap.add_argument("--revisions", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    ctl = os.path.join(os.path.dirname(a.etcd), "etcdctl")
+    tmp = tempfile.mkdtemp(prefix="warden-catchup-", dir="/var/tmp")
+    data, store = os.path.join(tmp, "data"), f"file://{tmp}/store"
+    old = os.path.join(tmp, "old-disk")
+    etcd_flags = ["--name", "m1", "--data-dir", data,
+                  "--listen-client-urls", f"http://{IP}:2379", "--advertise-client-urls", f"http://{IP}:2379",
+                  "--listen-peer-urls", f"http://{IP}:2380", "--initial-advertise-peer-urls", f"http://{IP}:2380",
+                  "--initial-cluster", f"m1=http://{IP}:2380", "--log-level", "error",
+                  "--quota-backend-bytes", str(8 << 30)]
+    try:
+        # 1. The DB, written without the warden; then the warden's full snapshot of it.
+        e = subprocess.Popen([a.etcd, *etcd_flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        poll("etcd for the fill", lambda: e.poll() is None and revision(ctl), timeout=60)
+        print(subprocess.run(["target/release/examples/fill", f"http://{IP}:2379", str(a.mib)],
+                             capture_output=True, text=True, check=True).stdout.strip(), file=sys.stderr)
+        e.terminate(); e.wait()
+        with open(os.path.join(tmp, "prepare.log"), "w") as log:
+            w = warden(a, store, etcd_flags, log)
+            try:
+                poll("the full snapshot", lambda: status()["backup"]["fulls_total"] >= 1, timeout=1800)
+                poll("the store at etcd's revision",
+                     lambda: status()["backup"]["backed_up_revision"] >= revision(ctl), timeout=600)
+            finally:
+                stop(w)
+            # 2. The old disk: the data dir as the warden left it.
+            copy(data, old)
+            behind = None
+            w = warden(a, store, etcd_flags, log)
+            try:
+                poll("ready", ready, timeout=600)
+                behind = revision(ctl)
+                # 3. The revisions the old disk will miss.
+                while revision(ctl) - behind < a.revisions:
+                    left = a.revisions - (revision(ctl) - behind)
+                    subprocess.run(["target/release/examples/load", f"http://{IP}:2379",
+                                    str(max(2, min(30, left // 8000 + 1))), "32"],
+                                   capture_output=True, text=True, check=True)
+                final = revision(ctl)
+                poll("the store to catch up", lambda: status()["backup"]["backed_up_revision"] >= final, timeout=600)
+                want = hashkv(ctl, final)
+            finally:
+                stop(w)
+        db_mib = os.path.getsize(os.path.join(data, "member/snap/db")) >> 20
+        print(f"DB {db_mib} MiB; the old disk at revision {behind}, the store at {final} "
+              f"({final - behind} revisions missing)", file=sys.stderr)
+
+        def timed_start(what, check_log):
+            logpath = os.path.join(tmp, f"{what}.log")
+            with open(logpath, "w") as log:
+                t0 = time.monotonic()
+                w = warden(a, store, etcd_flags, log)
+                try:
+                    poll(f"{what}: ready", ready, timeout=1800)
+                    took = time.monotonic() - t0
+                    rss = peak_rss_mib(w.pid)
+                    rev, got = revision(ctl), hashkv(ctl, final)
+                finally:
+                    stop(w)
+            text = open(logpath).read()
+            if check_log not in text:
+                raise SystemExit(f"{what}: '{check_log}' not in its log:\n{text[-3000:]}")
+            if rev != final or got != want:
+                raise SystemExit(f"{what}: etcd serves revision {rev} with HashKV {got}, want {final} and {want}")
+            secs = None
+            for line in text.splitlines():
+                if check_log in line and " seconds=" in line:
+                    secs = float(line.split(" seconds=")[1].split()[0])
+            return took, secs, rss
+
+        rows = []
+        for r in range(a.rounds):
+            # Each first in turn: the page cache favours neither.
+            for what in (["catch-up", "restore"] if r % 2 == 0 else ["restore", "catch-up"]):
+                shutil.rmtree(data, ignore_errors=True)
+                for p in os.listdir(tmp):
+                    if p.startswith("data."):
+                        shutil.rmtree(os.path.join(tmp, p), ignore_errors=True)
+                if what == "catch-up":
+                    copy(old, data)
+                    got = timed_start(what, "data dir caught up from the store's deltas")
+                else:
+                    got = timed_start(what, "data dir restored")
+                rows.append((what, *got))
+                print(f"round {r} {what}: ready in {got[0]:.2f} s (its own step {got[1]} s), "
+                      f"warden peak RSS {got[2]:.1f} MiB", file=sys.stderr)
+        missing = final - behind
+        for what in ("catch-up", "restore"):
+            mine = [x for x in rows if x[0] == what]
+            ready_s = sorted(x[1] for x in mine)[len(mine) // 2]
+            step = sorted(x[2] for x in mine)[len(mine) // 2]
+            rss = max(x[3] for x in mine)
+            print(f"{what:9} ready {ready_s:7.2f} s  step {step:7.2f} s  peak RSS {rss:6.1f} MiB"
+                  + (f"  {step / missing * 1e6:.1f} µs per missing revision" if what == "catch-up" else ""))
+        cu = sorted(x[1] for x in rows if x[0] == "catch-up")[a.rounds // 2]
+        rs = sorted(x[1] for x in rows if x[0] == "restore")[a.rounds // 2]
+        print(f"DB {db_mib} MiB, {missing} revisions missing: catch-up to ready is {cu / rs:.2f}x the whole restore's")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
