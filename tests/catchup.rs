@@ -158,20 +158,31 @@ fn first_run(m: &Member, store: &str, prefix: &str, n: usize) -> (i64, String) {
 /// lease it served before, and nothing moved aside or restored from a full.
 #[test]
 fn a_data_dir_behind_the_store_is_caught_up_in_place_across_a_full() {
-    caught_up_across_a_full(default_etcd());
+    behind_across_a_full(default_etcd(), None);
 }
 
 #[test]
 fn etcd_3_7_a_data_dir_behind_the_store_is_caught_up_in_place_across_a_full() {
-    caught_up_across_a_full(etcd37());
+    behind_across_a_full(etcd37(), None);
 }
 
 #[test]
 fn etcd_3_5_a_data_dir_behind_the_store_is_caught_up_in_place_across_a_full() {
-    caught_up_across_a_full(etcd35());
+    behind_across_a_full(etcd35(), None);
 }
 
-fn caught_up_across_a_full(etcd: PathBuf) {
+/// etcd 3.4 records the raft index it applied only with key writes, so its WAL often holds
+/// entries above the db's (its member's attributes, published at each start): etcd would replay
+/// them over revisions written in, and the data dir is then restored whole instead. Either way
+/// etcd serves what it served.
+#[test]
+fn etcd_3_4_a_data_dir_behind_the_store_is_caught_up_unless_etcd_would_replay_its_wal() {
+    behind_across_a_full(etcd34(), Some("etcd would replay the rest on top"));
+}
+
+/// `may_refuse`: a reason the catch-up may give before the full restore (the only one); `None`: it
+/// catches up.
+fn behind_across_a_full(etcd: PathBuf, may_refuse: Option<&str>) {
     let m = Member::of(etcd);
     let store = m.store("store");
     let (old_revision, _) = first_run(&m, &store, "/before", 20);
@@ -193,22 +204,35 @@ fn caught_up_across_a_full(etcd: PathBuf) {
     m.put_back(&old);
     let w = m.warden(&store);
     let log = w.log_text();
-    assert!(
-        log.contains("data dir caught up from the store's deltas"),
-        "not caught up:\n{log}"
-    );
-    assert!(!log.contains("data dir restored"), "a full was restored:\n{log}");
+    let refused = log.contains("cannot be caught up from its deltas");
+    match may_refuse.filter(|_| refused) {
+        None => {
+            assert!(
+                log.contains("data dir caught up from the store's deltas"),
+                "not caught up:\n{log}"
+            );
+            assert!(!log.contains("data dir restored"), "a full was restored:\n{log}");
+            assert!(
+                m.siblings(".behind-").is_empty() && m.siblings(".restore-").is_empty(),
+                "the data dir was moved aside: {:?}",
+                m.siblings(".")
+            );
+        }
+        Some(why) => {
+            assert!(
+                log.contains(why),
+                "refused for another reason than {why:?}:\n{log}"
+            );
+            assert!(log.contains("data dir restored"), "{log}");
+            assert_eq!(m.siblings(".behind-").len(), 1, "the old disk was not kept aside");
+        }
+    }
     assert_eq!(
         m.dump(),
         (newest + BUMP, kvs),
         "what etcd serves differs from what it served"
     );
     assert_eq!(m.leases(), leases, "the leases differ");
-    assert!(
-        m.siblings(".behind-").is_empty() && m.siblings(".restore-").is_empty(),
-        "the data dir was moved aside: {:?}",
-        m.siblings(".")
-    );
     drop(w);
 }
 
