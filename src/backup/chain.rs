@@ -17,6 +17,14 @@ impl Backup {
         store: &Store,
         force_full: bool,
     ) -> Result<(ChainId, i64), ()> {
+        // A single member's objects name its cluster from the first (a cluster's writer learns it
+        // with its leadership).
+        if !self.cfg.cluster
+            && self.identity.cluster_id == 0
+            && let Some(Ok(me)) = super::leadership::leads(client).await
+        {
+            self.identity = me;
+        }
         if !force_full {
             match self.resume_point(client, store).await {
                 Ok(Some(p)) => {

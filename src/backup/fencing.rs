@@ -34,6 +34,12 @@ impl Backup {
         buf: &mut DeltaBuffer,
     ) -> Option<Outcome> {
         if !self.cfg.cluster {
+            // The cluster ID every object names (a catch-up compares it with a data dir's).
+            if self.identity.cluster_id == 0
+                && let Some(Ok(me)) = leads(client).await
+            {
+                self.identity = me;
+            }
             // Scaled up at run time (members added to a single member): one writer from now on,
             // the leader's warden.
             if crate::backup::leadership::member_count(client)

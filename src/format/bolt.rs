@@ -309,7 +309,9 @@ impl BoltFile {
         }
         let mut out = Vec::new();
         let mut stack = vec![b.root];
+        let mut visited = 0u64;
         while let Some(id) = stack.pop() {
+            self.bound(&mut visited)?;
             match self.node(id)? {
                 Node::Leaf(items) => out.extend(items),
                 Node::Branch(items) => stack.extend(items.iter().rev().map(|(_, c)| *c)),
@@ -328,7 +330,9 @@ impl BoltFile {
             return Ok(());
         }
         let mut stack = vec![b.root];
+        let mut visited = 0u64;
         while let Some(id) = stack.pop() {
+            self.bound(&mut visited)?;
             match self.node(id)? {
                 Node::Leaf(items) => items.iter().for_each(|(_, k, v)| f(k, v)),
                 Node::Branch(items) => stack.extend(items.iter().rev().map(|(_, c)| *c)),
@@ -358,12 +362,7 @@ impl BoltFile {
         let mut visited = 0u64;
         let mut stack = vec![b.root];
         while let Some(id) = stack.pop() {
-            visited += 1;
-            if visited > self.meta.pgid {
-                return Err(BoltError::Corrupt(
-                    "a bucket visits more pages than the file holds (a cycle)".into(),
-                ));
-            }
+            self.bound(&mut visited)?;
             match self.node(id)? {
                 Node::Leaf(items) => items
                     .iter()
@@ -378,6 +377,18 @@ impl BoltFile {
                     stack.extend(items[first..].iter().rev().map(|(_, c)| *c));
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Counts one more page of a walk through a tree: more pages than the file holds is a cycle,
+    /// refused before it loops.
+    fn bound(&self, visited: &mut u64) -> Result<(), BoltError> {
+        *visited += 1;
+        if *visited > self.meta.pgid {
+            return Err(BoltError::Corrupt(
+                "a bucket visits more pages than the file holds (a cycle)".into(),
+            ));
         }
         Ok(())
     }

@@ -18,6 +18,9 @@ use std::path::Path;
 
 use crate::format::proto::fields;
 
+/// The largest record read (a sparse file's claim is refused before it is allocated).
+const MAX_RECORD: u64 = 256 << 20;
+
 const ENTRY: u64 = 2;
 const SNAPSHOT: u64 = 5;
 
@@ -90,7 +93,12 @@ pub fn replay(wal_dir: &Path) -> Option<Replay> {
             if rec_len == 0 {
                 break;
             }
-            // Bounded by the file before it is allocated; a torn last record: etcd drops it too.
+            // Bounded before it is allocated: no record is larger than etcd's largest request
+            // (`--max-request-bytes` tops out far below this), nor than what the file holds (a torn
+            // last record, which etcd drops too).
+            if rec_len > MAX_RECORD {
+                return None;
+            }
             if rec_len > size - at - 8 {
                 break;
             }

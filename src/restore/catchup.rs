@@ -8,9 +8,12 @@
 //!   its start): every one of those revisions, read from the local db, carries the same events as
 //!   the delta records (the digests of `crate::format::delta_codec`), and the local db holds each
 //!   of them whole (none at or below its compaction);
-//! - that delta was written for the same etcd cluster (its header's cluster ID);
+//! - that delta was written for the same etcd cluster (its header's cluster ID, which the
+//!   validation's etcd reported for the data dir; unknown on either side refuses), and the db file
+//!   is at the revision that etcd served;
 //! - the chains crossed on the way recorded the same membership and auth (the fulls' `outside`
-//!   fingerprints): a change there starts a new full, and deltas do not carry it;
+//!   fingerprints): a change there starts a new full, and deltas do not carry it; and each is
+//!   entered with its first delta, right after its full (else it may continue another history);
 //! - etcd applied every entry of its WAL to the db (the WAL's last index is not above the db's
 //!   consistent index): etcd replays newer entries at start, on top of what is written here.
 //!
@@ -33,7 +36,9 @@ pub struct CatchUpOptions {
     pub data_dir: PathBuf,
     /// `--wal-dir`, when the WAL is outside the data dir.
     pub wal_dir: Option<PathBuf>,
-    /// The cluster ID etcd reported on this data dir (its validation), when known.
+    /// The revision etcd served on this data dir (its validation): the db file must be at it.
+    pub served: i64,
+    /// The cluster ID etcd reported on this data dir (its validation); unknown refuses.
     pub cluster_id: Option<u64>,
     /// The newest revision the store holds: a catch-up reaches it or does not happen.
     pub newest: i64,
@@ -63,6 +68,12 @@ pub async fn catch_up(store: &Store, opts: &CatchUpOptions) -> Result<CaughtUp, 
     let from = MvccFile::open(&db)
         .map_err(|e| format!("open {}: {e}", db.display()))?
         .revision();
+    if from != opts.served {
+        return Err(format!(
+            "the db file is at revision {from} and etcd served {}: its WAL holds more",
+            opts.served
+        ));
+    }
     let (fulls, chains) = store
         .catalog()
         .await
@@ -70,7 +81,7 @@ pub async fn catch_up(store: &Store, opts: &CatchUpOptions) -> Result<CaughtUp, 
     let Continuation { cand, fulls_crossed } = continuation(&fulls, &chains, from, opts.newest)?;
     same_history_outside(store, &fulls_crossed, &cand.deltas[0], opts.cluster_id).await?;
     let (known, consistent_index) = local_digests(&db, &cand.deltas[0], from)?;
-    let _ = (applied_wal, consistent_index);
+    applied_wal(opts, consistent_index)?;
 
     let reached = cand.target_revision;
     let bumped_by = plan::bump_amount(reached, opts.bump_revision, plan::newest_named(&fulls, &chains));
@@ -167,6 +178,23 @@ fn continuation(
             })?;
         next.insert(0, holder);
     }
+    // Into another chain only at its start: its first delta follows its full, so the revisions
+    // before are either this chain's own (the state its full was taken of) or compared where two
+    // deltas overlap. A delta further into that chain could follow another history's end.
+    for pair in next.windows(2) {
+        if let (Some(was), Some(now)) = (pair[0].chain(), pair[1].chain())
+            && was != now
+            && plan::first_revision(&pair[1]) != now.base + 1
+        {
+            return Err(format!(
+                "{} continues revision {} in another chain than {}, but does not start that chain (its full is at {}): the chains cannot be shown to be one history",
+                pair[1].key(),
+                pair[0].last_revision(),
+                pair[0].key(),
+                now.base
+            ));
+        }
+    }
     let mut fulls_crossed: Vec<SnapshotName> = Vec::new();
     for d in &next {
         if let Some((_, f)) = deltas.iter().find(|(x, _)| x == d)
@@ -201,10 +229,18 @@ async fn same_history_outside(
             .map_err(|e| crate::telemetry::error_chain(&e))
     };
     let proof_header = header(proof.key()).await?;
-    if let Some(ours) = cluster_id
-        && proof_header.cluster_id != 0
-        && proof_header.cluster_id != ours
-    {
+    let Some(ours) = cluster_id else {
+        return Err(
+            "etcd did not say which cluster this data dir is: it cannot be compared with the store's".into(),
+        );
+    };
+    if proof_header.cluster_id == 0 {
+        return Err(format!(
+            "{} does not say which cluster wrote it (a single member's delta from before 2026-12-05): it cannot be compared with this data dir's",
+            proof.key()
+        ));
+    }
+    if proof_header.cluster_id != ours {
         return Err(format!(
             "{} was written for cluster {:x}, and this data dir is cluster {ours:x}'s",
             proof.key(),
@@ -347,6 +383,26 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.contains("holds that revision itself"), "{e}");
+    }
+
+    /// A point-in-time restore to revision 15 without a bump started chain B; the old chain A went
+    /// on to 30. A disk at 12 follows A to 30, and B's delta that starts at 31 would continue it
+    /// with B's history: refused, since it does not start B.
+    #[test]
+    fn a_chain_is_entered_only_at_its_start() {
+        let (a, b) = (full(10, T), full(15, T + 100));
+        let err = continuation(
+            &[a, b],
+            &catalog(&[
+                (a, vec![delta(a, 11, 20, T + 1), delta(a, 21, 30, T + 2)]),
+                (b, vec![delta(b, 16, 20, T + 101), delta(b, 31, 40, T + 102)]),
+            ]),
+            12,
+            40,
+        )
+        .err()
+        .unwrap();
+        assert!(err.contains("does not start that chain"), "{err}");
     }
 
     #[test]

@@ -190,7 +190,9 @@ async fn single_round(
                     .and_then(Result::ok)
                     .flatten()
                     .unwrap_or(from);
-                match crate::startup::restore::catch_up_member(cfg, status, dirs, cluster_id, newest).await {
+                match crate::startup::restore::catch_up_member(cfg, status, dirs, (from, cluster_id), newest)
+                    .await
+                {
                     Ok(decision) => return Ok(Some(decision)),
                     Err(why) => {
                         tracing::warn!(

@@ -296,13 +296,14 @@ pub async fn catch_up_member(
     cfg: &MemberConfig,
     status: &watch::Sender<Option<String>>,
     dirs: &MemberDirs,
-    cluster_id: Option<u64>,
+    (served, cluster_id): (i64, Option<u64>),
     newest: i64,
 ) -> Result<Decision, String> {
     let store = open_store(cfg)?;
     let opts = crate::restore::CatchUpOptions {
         data_dir: dirs.data.clone(),
         wal_dir: dirs.wal.clone(),
+        served,
         cluster_id,
         newest,
         bump_revision: cfg.restore_bump_revision,
