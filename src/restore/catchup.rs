@@ -13,7 +13,8 @@
 //!   is at the revision that etcd served;
 //! - the chains crossed on the way recorded the same membership and auth (the fulls' `outside`
 //!   fingerprints): a change there starts a new full, and deltas do not carry it; and each is
-//!   entered with its first delta, right after its full (else it may continue another history);
+//!   entered with its earliest delta, where the writer began it (else it may continue another
+//!   history);
 //! - etcd applied every entry of its WAL to the db (the WAL's last index is not above the db's
 //!   consistent index): etcd replays newer entries at start, on top of what is written here.
 //!
@@ -178,20 +179,27 @@ fn continuation(
             })?;
         next.insert(0, holder);
     }
-    // Into another chain only at its start: its first delta follows its full, so the revisions
-    // before are either this chain's own (the state its full was taken of) or compared where two
-    // deltas overlap. A delta further into that chain could follow another history's end.
+    // Into another chain only with its earliest delta: the writer starts a new chain's deltas
+    // where the old chain's ended (also when writes came during the full), so entering there is
+    // where the two meet, and any revisions before are compared where the two overlap. A delta
+    // further into that chain could follow another history (a restore without a bump to an
+    // earlier point started it).
     for pair in next.windows(2) {
-        if let (Some(was), Some(now)) = (pair[0].chain(), pair[1].chain())
-            && was != now
-            && plan::first_revision(&pair[1]) != now.base + 1
-        {
+        let (was, now) = (pair[0].chain(), pair[1].chain());
+        if was == now {
+            continue;
+        }
+        let earliest = deltas
+            .iter()
+            .filter(|(d, _)| d.chain() == now)
+            .map(|(d, _)| plan::first_revision(d))
+            .min();
+        if earliest != Some(plan::first_revision(&pair[1])) {
             return Err(format!(
-                "{} continues revision {} in another chain than {}, but does not start that chain (its full is at {}): the chains cannot be shown to be one history",
+                "{} continues revision {} in another chain than {}, but is not that chain's first delta: the chains cannot be shown to be one history",
                 pair[1].key(),
                 pair[0].last_revision(),
                 pair[0].key(),
-                now.base
             ));
         }
     }
@@ -387,7 +395,7 @@ mod tests {
 
     /// A point-in-time restore to revision 15 without a bump started chain B; the old chain A went
     /// on to 30. A disk at 12 follows A to 30, and B's delta that starts at 31 would continue it
-    /// with B's history: refused, since it does not start B.
+    /// with B's history: refused, since it is not B's first.
     #[test]
     fn a_chain_is_entered_only_at_its_start() {
         let (a, b) = (full(10, T), full(15, T + 100));
@@ -402,7 +410,26 @@ mod tests {
         )
         .err()
         .unwrap();
-        assert!(err.contains("does not start that chain"), "{err}");
+        assert!(err.contains("is not that chain's first delta"), "{err}");
+    }
+
+    /// A full taken under writes: the old chain was closed at 28, the full is at 30, and the new
+    /// chain's deltas start after it. Revisions 29 and 30 are in the full only: no catch-up.
+    #[test]
+    fn a_full_taken_under_writes_leaves_a_gap_no_catch_up_crosses() {
+        let (a, b) = (full(10, T), full(30, T + 100));
+        let err = continuation(
+            &[a, b],
+            &catalog(&[
+                (a, vec![delta(a, 11, 28, T + 1)]),
+                (b, vec![delta(b, 31, 40, T + 101)]),
+            ]),
+            20,
+            40,
+        )
+        .err()
+        .unwrap();
+        assert!(err.contains("only up to 28"), "{err}");
     }
 
     #[test]
