@@ -277,7 +277,8 @@ impl Container {
                 c.assert_nspawn_running();
                 let out = c.run(&["systemctl", "is-system-running"]);
                 let state = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-                (!state.is_empty() && !["initializing", "starting"].contains(&state.as_str()))
+                // "offline" until its manager's socket answers (CI met it right after start).
+                (!state.is_empty() && !["initializing", "starting", "offline"].contains(&state.as_str()))
                     .then_some(state)
             },
         );
