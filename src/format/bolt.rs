@@ -254,6 +254,37 @@ impl BoltFile {
         })
     }
 
+    /// A new bbolt file holding no bucket, as bbolt itself would begin one (metas with txids 0 and
+    /// 1, an empty root leaf; no synced freelist), synced and opened.
+    pub fn create(path: &Path, page_size: usize) -> Result<Self, BoltError> {
+        if !(1024..=65536).contains(&page_size) || !page_size.is_power_of_two() {
+            return Err(BoltError::Unsupported(format!("page size {page_size}")));
+        }
+        let meta = Meta {
+            page_size: page_size as u32,
+            flags: 0,
+            root: 2,
+            sequence: 0,
+            pgid: 3,
+            txid: 1,
+        };
+        let mut raw = vec![0u8; 3 * page_size];
+        raw[..page_size].copy_from_slice(&Meta { txid: 0, ..meta }.page(page_size));
+        raw[page_size..2 * page_size].copy_from_slice(&meta.page(page_size));
+        let root = &mut raw[2 * page_size..];
+        root[0..8].copy_from_slice(&2u64.to_le_bytes());
+        root[8..10].copy_from_slice(&LEAF.to_le_bytes());
+        let mut file = File::options().write(true).create_new(true).open(path)?;
+        file.write_all(&raw)?;
+        file.sync_all()?;
+        drop(file);
+        Self::open(path)
+    }
+
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
     fn read_page(&self, id: u64) -> Result<Vec<u8>, BoltError> {
         if id < 2 || id >= self.meta.pgid {
             return Err(BoltError::Corrupt(format!(
@@ -301,9 +332,31 @@ impl BoltFile {
 
     /// Every key/value of a bucket, in order.
     pub fn bucket_items(&self, b: &BucketValue) -> Result<Vec<LeafItem>, BoltError> {
+        let mut unbounded = usize::MAX;
+        self.bucket_items_within(b, &mut unbounded)
+    }
+
+    /// Every key/value of a bucket, in order, taking their bytes (keys and values) from `budget`:
+    /// a bucket larger than what is left is refused as `Unsupported` when it gets there, not
+    /// held whole first.
+    pub fn bucket_items_within(
+        &self,
+        b: &BucketValue,
+        budget: &mut usize,
+    ) -> Result<Vec<LeafItem>, BoltError> {
+        let mut take = |items: &[LeafItem]| {
+            let bytes: usize = items.iter().map(|(_, k, v)| k.len() + v.len()).sum();
+            *budget = budget.checked_sub(bytes).ok_or_else(|| {
+                BoltError::Unsupported("a bucket larger than the bytes allowed for it".into())
+            })?;
+            Ok::<(), BoltError>(())
+        };
         if b.root == 0 {
             return match parse_node(&b.inline, "inline bucket")? {
-                Node::Leaf(items) => Ok(items),
+                Node::Leaf(items) => {
+                    take(&items)?;
+                    Ok(items)
+                }
                 Node::Branch(_) => Err(BoltError::Corrupt("inline bucket page is a branch".into())),
             };
         }
@@ -313,7 +366,10 @@ impl BoltFile {
         while let Some(id) = stack.pop() {
             self.bound(&mut visited)?;
             match self.node(id)? {
-                Node::Leaf(items) => out.extend(items),
+                Node::Leaf(items) => {
+                    take(&items)?;
+                    out.extend(items)
+                }
                 Node::Branch(items) => stack.extend(items.iter().rev().map(|(_, c)| *c)),
             }
         }

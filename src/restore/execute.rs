@@ -19,7 +19,7 @@ use super::plan::{self, Candidate, Target};
 use crate::etcd::dirs::is_empty_dir;
 use crate::etcd::private::PrivateEtcd;
 use crate::format::mvcc::MvccFile;
-use crate::process::pid1::{ExitStatus, Reaper, run_bounded};
+use crate::process::pid1::{ExitStatus, Reaper};
 use crate::snapshot::verify::{ObjectError, read_full_to_file};
 use crate::store::{Store, StoreError};
 
@@ -478,16 +478,6 @@ async fn catalog_waiting(
     }
 }
 
-/// The most heap etcd's restore tool may take (`RLIMIT_DATA`). etcdutl maps the database shared
-/// (not counted) and changes a few pages of it: tens of MiB at any size.
-const TOOL_MEMORY: u64 = 2 << 30;
-
-/// How long etcd's restore tool may run on a database of `size` bytes: two minutes, and a minute
-/// more per 600 MiB (it copies the file and syncs it: 10 MiB/s is a disk well below any etcd's).
-fn tool_time(size: u64) -> Duration {
-    Duration::from_secs(120 + size / (10 << 20))
-}
-
 /// Waits between attempts while the store does not answer: about a minute in all.
 const STORE_RETRIES: [Duration; 6] = [
     Duration::from_secs(1),
@@ -558,84 +548,8 @@ async fn attempt(
 
     // The deltas come in while the tool restores the full snapshot.
     let fetcher = super::write::DeltaFetcher::start(store, cand);
-    let tool = restore_tool(opts).ok_or_else(|| {
-        Failure::Local(format!(
-            "neither etcdutl nor etcdctl beside {}",
-            opts.etcd.display()
-        ))
-    })?;
     let data = work.join("data");
-    let mut cmd = Command::new(&tool);
-    if tool.file_name().is_some_and(|n| n == "etcdctl") {
-        cmd.env("ETCDCTL_API", "3");
-    }
-    // The tool gets the downloaded file by descriptor and the file loses its name now: once the tool
-    // has copied it and both have closed it, the kernel drops the pages not yet written back
-    // instead of writing a deleted 1 GiB to disk beside the tool's own fsync (which that writeback
-    // slowed by seconds). The tools (etcdctl 3.4, etcdutl 3.5) open the snapshot path once. Without
-    // /proc (the path does not resolve here) the file keeps its name and the tool gets that.
-    let snapshot =
-        std::fs::File::open(&db).map_err(|e| Failure::Local(format!("open {}: {e}", db.display())))?;
-    let passed = match crate::etcd::supervisor::pass_file(&mut cmd, &snapshot) {
-        Some(passed) if std::fs::metadata(&passed).is_ok() => {
-            let _ = std::fs::remove_file(&db);
-            passed
-        }
-        _ => db.clone(),
-    };
-    cmd.arg("snapshot")
-        .arg("restore")
-        .arg(&passed)
-        .arg("--data-dir")
-        .arg(&data)
-        .arg("--name")
-        .arg(&opts.name)
-        // etcd's sha256 of this file was checked on the way in (read_full_to_file), with the
-        // object's digest; the tool still cuts the trailer off, it only skips hashing the
-        // database a second time (a third of its run on a 1 GiB database).
-        .arg("--skip-hash-check");
-    // etcdutl's own default names the member "default"; derive it from --name instead, as documented.
-    let cluster = opts.initial_cluster.clone().unwrap_or_else(|| {
-        let peer = opts
-            .initial_advertise_peer_urls
-            .as_deref()
-            .unwrap_or("http://localhost:2380");
-        format!("{}={peer}", opts.name)
-    });
-    cmd.arg("--initial-cluster").arg(cluster);
-    if let Some(p) = &opts.initial_advertise_peer_urls {
-        cmd.arg("--initial-advertise-peer-urls").arg(p);
-    }
-    if let Some(tok) = &opts.initial_cluster_token {
-        cmd.arg("--initial-cluster-token").arg(tok);
-    }
-    opts.progress
-        .step(format!("restoring the full snapshot with {}", tool.display()));
-    // Bounded in memory and time: whoever can write to the bucket can also give a crafted
-    // database a matching sha256, and etcd's tool trusts the file's page claims.
-    crate::etcd::supervisor::limit_data(&mut cmd, TOOL_MEMORY);
-    let size = snapshot.metadata().map(|m| m.len()).unwrap_or(0);
-    let failed = match run_bounded(reaper, &mut cmd, Some(tool_time(size))).await {
-        Ok((ExitStatus::Code(0), _, _)) => None,
-        Ok((status, _, err)) => Some(format!("{status}: {}", err.trim())),
-        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Some(e.to_string()),
-        Err(e) => return Err(Failure::Local(format!("run {}: {e}", tool.display()))),
-    };
-    // The snapshot passed its digest and etcd's own sha256: a tool that cannot restore it fails
-    // for reasons of this machine (disk, permissions, version), unless the warden's own reader
-    // finds the database unsound: then the object is bad, and an older chain is the way on.
-    let failed = failed.map(|why| {
-        let why = format!("{} snapshot restore failed ({why})", tool.display());
-        match crate::format::bolt::BoltFile::open(&passed).and_then(|f| f.check()) {
-            Ok(()) | Err(crate::format::bolt::BoltError::Io(_)) => Failure::Local(why),
-            Err(e) => Failure::BadFull(format!("{}: {e}; {why}", cand.full.key())),
-        }
-    });
-    drop(snapshot);
-    let _ = std::fs::remove_file(&db);
-    if let Some(f) = failed {
-        return Err(f);
-    }
+    super::full::restore_full(opts, reaper, cand, &db, &data).await?;
 
     let db = data.join("member").join("snap").join("db");
     check_release(reaper, &opts.etcd, &db, &cand.full.key()).await?;

@@ -7,6 +7,7 @@
 pub mod catchup;
 pub mod check;
 pub mod execute;
+mod full;
 pub mod marker;
 pub mod plan;
 mod replay;
