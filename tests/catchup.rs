@@ -52,6 +52,11 @@ impl Member {
     /// A warden on `store` with etcd configured by `ETCD_*` variables, logged in as root once
     /// auth is on; ready.
     fn warden(&self, store: &str) -> Warden {
+        self.warden_with(store, &[])
+    }
+
+    /// The same, with more variables for the warden (a failpoint).
+    fn warden_with(&self, store: &str, more: &[(&str, String)]) -> Warden {
         let mut opts: Vec<String> = vec![
             "--store".into(),
             store.into(),
@@ -61,7 +66,8 @@ impl Member {
         opts.extend(self.prod.warden_opts());
         let opts: Vec<&str> = opts.iter().map(String::as_str).collect();
         let env = self.prod.etcd_env(&self.data());
-        let env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        let mut env: Vec<(&str, String)> = env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        env.extend(more.iter().cloned());
         let w = Warden::builder(&self.prod.ip, &opts, &[self.etcd.display().to_string()])
             .envs(&env)
             .spawn();
@@ -224,6 +230,73 @@ fn behind_across_a_full(etcd: PathBuf, refused: Option<&str>) {
             assert_eq!(m.siblings(".behind-").len(), 1, "the old disk was not kept aside");
         }
     }
+    assert_eq!(
+        m.dump(),
+        (newest + BUMP, kvs),
+        "what etcd serves differs from what it served"
+    );
+    assert_eq!(m.leases(), leases, "the leases differ");
+    drop(w);
+}
+
+/// A full taken while clients write: the revisions acknowledged after the old chain's last delta
+/// and at or below the full's revision go into the old chain too, so an old disk from before the
+/// full crosses it by deltas. The writer is held (a failpoint) between its last delta of the old
+/// chain and reading the full's revision while the writes are made.
+#[test]
+fn a_data_dir_behind_is_caught_up_across_a_full_taken_under_writes() {
+    let m = Member::new();
+    let store = m.store("store");
+    first_run(&m, &store, "/before", 20);
+    let old = m.dir.path().join("old-disk");
+    copy_dir(&m.data(), &old);
+
+    let paused = [
+        ("ETCD_WARDEN_FAILPOINT", "full-after-flush".to_owned()),
+        ("ETCD_WARDEN_FAILPOINT_PAUSE", "8".to_owned()),
+    ];
+    let w = m.warden_with(&store, &paused);
+    m.writes("/after", 10);
+    let signaled_at = unix_now();
+    w.signal(Signal::SIGUSR1);
+    wait_for(
+        "the writer held between the old chain's last delta and the full",
+        START,
+        || w.log_text().contains("failpoint reached: pausing").then_some(()),
+    );
+    let during = m.writes("/during", 10);
+    full_begun_after(&w, signaled_at, "the full SIGUSR1 asked for");
+    let full = w.status()["backup"]["last_full"]["revision"].as_i64().unwrap();
+    assert!(
+        full >= during,
+        "the full's revision {full} is below the writes made while the writer was held ({during})"
+    );
+    m.writes("/later", 10);
+    let (newest, kvs) = m.dump();
+    let leases = m.leases();
+    m.backed_up_and_stopped(w, newest);
+
+    // The store: the old chain's deltas reach the full's revision.
+    let listed = backups_list(&store, &[]);
+    let old_chain_end = listed
+        .iter()
+        .filter(|x| x["kind"] == "delta" && x["base"].as_i64() < Some(full))
+        .filter_map(|x| x["last"].as_i64())
+        .max();
+    assert_eq!(
+        old_chain_end,
+        Some(full),
+        "the old chain does not end at the full's revision: {listed:#?}"
+    );
+
+    m.put_back(&old);
+    let w = m.warden(&store);
+    let log = w.log_text();
+    assert!(
+        log.contains("data dir caught up from the store's deltas"),
+        "not caught up:\n{log}"
+    );
+    assert!(!log.contains("data dir restored"), "a full was restored:\n{log}");
     assert_eq!(
         m.dump(),
         (newest + BUMP, kvs),

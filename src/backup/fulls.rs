@@ -5,9 +5,9 @@ use std::time::{Duration, SystemTime};
 use etcd_client::Client;
 
 use super::status::SnapInfo;
-use super::stream::Timers;
+use super::stream::{Timers, read_upto, watch_after};
 use super::writer::{Backup, Outcome};
-use crate::snapshot::delta::DeltaBuffer;
+use crate::snapshot::delta::{self, DeltaBuffer};
 use crate::snapshot::{full, outside};
 use crate::store::head::Uploaded;
 use crate::store::{ChainId, Store};
@@ -162,18 +162,94 @@ impl Backup {
         buf: &mut DeltaBuffer,
     ) -> Option<Outcome> {
         // Close the old chain first; whatever cannot be uploaded is inside the new full anyway.
-        self.flush(store, buf).await;
+        let flushed = self.flush(store, buf).await;
+        let old = (buf.chain(), buf.last());
+        crate::failpoint::pause("full-after-flush").await;
         match self.take_full(client, store).await {
             Ok(chain) => {
                 let seen = buf.last();
                 drop(buf.take());
                 *buf = DeltaBuffer::new(chain, seen);
+                if flushed {
+                    self.close_chain(client, store, old, chain.base).await;
+                }
                 None
             }
             Err(()) => None,
         }
     }
+
+    /// The revisions written between the old chain's last delta and the new full's revision
+    /// `upto` are in that full alone, unless the old chain gets them too: they are read from
+    /// etcd's history and uploaded as the old chain's last deltas. A data dir behind the store
+    /// then crosses the full by deltas (`restore::catchup` enters a chain only with its first
+    /// delta, right after its full), and a point in time between the two is restored exactly.
+    /// Bounded, and best effort: the new full holds those revisions either way.
+    async fn close_chain(
+        &mut self,
+        client: &mut Client,
+        store: &Store,
+        (chain, after): (ChainId, i64),
+        upto: i64,
+    ) {
+        if upto <= after {
+            return;
+        }
+        let (client, compression) = (client.clone(), self.cfg.compression);
+        let max_bytes = self.cfg.delta_max_bytes;
+        let writer = self.delta_writer();
+        let read = async {
+            let mut client = client;
+            let mut buf = DeltaBuffer::new(chain, after);
+            let mut watch = watch_after(&client, after)
+                .await
+                .map_err(|e| format!("watch: {e}"))?;
+            let mut uploaded = Vec::new();
+            while buf.last() < upto {
+                read_upto(&mut client, &mut watch, &mut buf, upto).await?;
+                if buf.len() >= max_bytes || buf.last() >= upto {
+                    let Some(pending) = buf.take() else { continue };
+                    let r = delta::upload(store, &pending, compression, writer.clone())
+                        .await
+                        .map_err(|e| crate::telemetry::error_chain(&e))?;
+                    uploaded.push((r, pending.last));
+                }
+            }
+            Ok::<_, String>(uploaded)
+        };
+        match tokio::time::timeout(CLOSE_CHAIN_WAIT, read).await {
+            Ok(Ok(uploaded)) => {
+                self.status
+                    .send_modify(|s| s.deltas_total += uploaded.len() as u64);
+                for (r, last) in &uploaded {
+                    let delta = Uploaded {
+                        key: r.name.key(),
+                        revision: *last,
+                        at_ms: r.name.created_ms,
+                    };
+                    self.published(&delta, *last);
+                }
+                tracing::info!(
+                    chain = %chain,
+                    first = after + 1,
+                    last = upto,
+                    "the old chain closed at the new full's revision"
+                );
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(chain = %chain, error = %e, "the old chain ends at revision {after}: revisions {}..={upto} are in the new full alone", after + 1)
+            }
+            Err(_) => tracing::warn!(
+                chain = %chain,
+                "the old chain ends at revision {after}: revisions {}..={upto} are in the new full alone (not read within {CLOSE_CHAIN_WAIT:?})",
+                after + 1
+            ),
+        }
+    }
 }
+
+/// How long closing the old chain may hold up the new one's stream.
+const CLOSE_CHAIN_WAIT: Duration = Duration::from_secs(30);
 
 #[cfg(test)]
 mod tests {

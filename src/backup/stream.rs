@@ -94,17 +94,62 @@ pub(super) async fn append_events(
     Ok(())
 }
 
+/// A watch over every key from the revision after `after`, for deltas.
+pub(super) async fn watch_after(
+    client: &Client,
+    after: i64,
+) -> Result<etcd_client::WatchStream, etcd_client::Error> {
+    let opts = WatchOptions::new().with_all_keys().with_start_revision(after + 1);
+    let mut wc = client.watch_client().max_decoding_message_size(64 * 1024 * 1024);
+    wc.watch(vec![0u8], Some(opts)).await
+}
+
+/// Reads one response of `watch` into `buf`, leaving out the events after revision `upto`: a
+/// watch read up to a revision known in advance (the tail after a stop, a chain closed at the
+/// revision of the full that follows it).
+pub(super) async fn read_upto(
+    client: &mut Client,
+    watch: &mut etcd_client::WatchStream,
+    buf: &mut DeltaBuffer,
+    upto: i64,
+) -> Result<(), String> {
+    let resp = watch
+        .message()
+        .await
+        .map_err(|e| format!("read the watch: {e}"))?
+        .ok_or("the watch ended early")?;
+    if resp.canceled() {
+        return Err(format!(
+            "the watch was canceled (compacted at {}): revisions {}..={upto} cannot be read",
+            resp.compact_revision(),
+            buf.last() + 1
+        ));
+    }
+    let events = resp.events();
+    let n = events.partition_point(|e| e.kv().is_none_or(|kv| kv.mod_revision() <= upto));
+    append_events(client, buf, &events[..n], &mut None)
+        .await
+        .map_err(|e| match e {
+            AppendError::Gap(g) => g.to_string(),
+            AppendError::Lease => "a lease's TTL could not be read".into(),
+        })
+}
+
 impl Backup {
-    /// Flushes the buffer. On failure the events go back into the buffer for the next attempt.
-    pub(super) async fn flush(&mut self, store: &Store, buf: &mut DeltaBuffer) -> bool {
-        let Some(pending) = buf.take() else { return true };
-        let writer = delta::Writer {
+    /// Who writes this writer's deltas, as their headers record it.
+    pub(super) fn delta_writer(&self) -> delta::Writer {
+        delta::Writer {
             cluster_id: self.identity.cluster_id,
             member_id: self.identity.member_id,
             raft_term: self.identity.raft_term,
             etcd_version: self.health.borrow().version.clone().unwrap_or_default(),
-        };
-        match delta::upload(store, &pending, self.cfg.compression, writer).await {
+        }
+    }
+
+    /// Flushes the buffer. On failure the events go back into the buffer for the next attempt.
+    pub(super) async fn flush(&mut self, store: &Store, buf: &mut DeltaBuffer) -> bool {
+        let Some(pending) = buf.take() else { return true };
+        match delta::upload(store, &pending, self.cfg.compression, self.delta_writer()).await {
             Ok(r) => {
                 self.succeeded();
                 self.status.send_modify(|s| {
@@ -149,9 +194,7 @@ impl Backup {
         if self.cfg.delta_period.is_zero() {
             return Ok(None);
         }
-        let opts = WatchOptions::new().with_all_keys().with_start_revision(after + 1);
-        let mut wc = client.watch_client().max_decoding_message_size(64 * 1024 * 1024);
-        match wc.watch(vec![0u8], Some(opts)).await {
+        match watch_after(client, after).await {
             Ok(w) => Ok(Some(w)),
             Err(err) => {
                 tracing::warn!(error = %err, "failed to open the watch for deltas");

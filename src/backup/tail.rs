@@ -9,11 +9,9 @@
 
 use std::path::{Path, PathBuf};
 
-use etcd_client::WatchOptions;
-
 use super::config::BackupConfig;
 use super::leases::live_leases;
-use super::stream::{AppendError, append_events};
+use super::stream::{read_upto, watch_after};
 use crate::etcd::EtcdArgs;
 use crate::etcd::private::{PrivateEtcd, revision};
 use crate::format::mvcc::MvccFile;
@@ -90,34 +88,13 @@ pub async fn upload_tail(
             return Ok(None);
         }
         let mut buf = DeltaBuffer::new(chain, after);
-        let mut watch = client
-            .watch_client()
-            .max_decoding_message_size(64 * 1024 * 1024)
-            .watch(
-                vec![0u8],
-                Some(WatchOptions::new().with_all_keys().with_start_revision(after + 1)),
-            )
+        let mut watch = watch_after(&client, after)
             .await
             .map_err(|e| format!("watch the tail: {e}"))?;
         while buf.last() < rev {
-            let resp = watch
-                .message()
+            read_upto(&mut client, &mut watch, &mut buf, rev)
                 .await
-                .map_err(|e| format!("watch the tail: {e}"))?
-                .ok_or("the tail's watch ended early")?;
-            if resp.canceled() {
-                return Err(format!(
-                    "the tail's watch was canceled (compacted at {}): revisions {}..={rev} are not in the store",
-                    resp.compact_revision(),
-                    after + 1
-                ));
-            }
-            append_events(&mut client, &mut buf, resp.events(), &mut None)
-                .await
-                .map_err(|e| match e {
-                    AppendError::Gap(g) => g.to_string(),
-                    AppendError::Lease => "a lease's TTL could not be read".into(),
-                })?;
+                .map_err(|e| format!("the tail (not in the store): {e}"))?;
         }
         // The crashed etcd's leases at its last revision: what no event of the tail shows.
         if let Some(set) = live_leases(&mut client, &mut Default::default()).await

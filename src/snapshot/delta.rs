@@ -72,6 +72,9 @@ impl DeltaBuffer {
     pub fn base(&self) -> i64 {
         self.base
     }
+    pub fn chain(&self) -> ChainId {
+        self.chain
+    }
     /// The last revision seen (buffered or already uploaded).
     pub fn last(&self) -> i64 {
         self.last
