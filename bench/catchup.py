@@ -4,9 +4,10 @@ newest revision by `run`'s start-up check, which writes the missing revisions in
 (`restore::catchup`), against the whole restore the same check does for a lost data dir, in the
 same run, on the same store. Reports, per round: the catch-up's own seconds (from its log line),
 start to /readyz 200 for both, the warden's peak RSS, and the cost per missing revision. Each
-result is checked: etcd serves the store's last revision with the original's HashKV there.
+result is checked: etcd serves the store's last revision with the original's HashKV there. With
+--s3s-fs the store is a native S3 server on loopback instead of files.
 
-Usage: bench/catchup.py --etcd PATH [--mib 1024] [--revisions 20000] [--rounds 2]
+Usage: bench/catchup.py --etcd PATH [--mib 1024] [--revisions 20000] [--rounds 2] [--s3s-fs PATH]
 """
 import argparse
 import os
@@ -44,13 +45,24 @@ def stamp(line):
     return int(h) * 3600 + int(m) * 60 + float(sec)
 
 
+S3_PORT = 5001
+
+
+def s3_env():
+    """The warden's S3 settings for the s3s-fs this bench starts (--s3s-fs): explicit endpoint and
+    credentials, nothing looked up elsewhere."""
+    return dict(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1",
+                AWS_ENDPOINT_URL=f"http://{IP}:{S3_PORT}", AWS_ALLOW_HTTP="true", AWS_EC2_METADATA_DISABLED="true")
+
+
 def warden(a, store, etcd_flags, log):
     if not port_free():
         raise SystemExit(f"something already listens on {IP}:2379")
+    env = dict(os.environ, RUST_LOG="info", **(s3_env() if store.startswith("s3://") else {}))
     return subprocess.Popen([a.warden, "run", "--listen", f"{IP}:2378", "--store", store,
                              "--delta-snapshot-period", "2s", "--restore-bump-revision", "0",
                              "--", a.etcd, *etcd_flags],
-                            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, RUST_LOG="info"))
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def stop(w):
@@ -70,10 +82,20 @@ def main():
     ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--revisions", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--s3s-fs", help="the store in this s3s-fs (a native S3 server) on loopback instead of files")
     a = ap.parse_args()
     ctl = os.path.join(os.path.dirname(a.etcd), "etcdctl")
     tmp = tempfile.mkdtemp(prefix="warden-catchup-", dir="/var/tmp")
     data, store = os.path.join(tmp, "data"), f"file://{tmp}/store"
+    server = None
+    if a.s3s_fs:
+        # s3s-fs serves each directory of its root as a bucket.
+        os.makedirs(os.path.join(tmp, "s3s", "bench"))
+        server = subprocess.Popen([a.s3s_fs, "--host", IP, "--port", str(S3_PORT), "--access-key", "bench",
+                                   "--secret-key", "bench", os.path.join(tmp, "s3s")],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        poll("s3s-fs listening", lambda: not port_free(S3_PORT), timeout=30)
+        store = "s3://bench/catchup"
     old = os.path.join(tmp, "old-disk")
     etcd_flags = ["--name", "m1", "--data-dir", data,
                   "--listen-client-urls", f"http://{IP}:2379", "--advertise-client-urls", f"http://{IP}:2379",
@@ -180,6 +202,9 @@ def main():
         rs = sorted(x[1] for x in rows if x[0] == "restore")[a.rounds // 2]
         print(f"DB {db_mib} MiB, {missing} revisions missing: catch-up to ready is {cu / rs:.2f}x the whole restore's")
     finally:
+        if server:
+            server.terminate()
+            server.wait()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

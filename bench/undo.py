@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Undo benchmark: `etcd-warden diff` and `etcd-warden undo` of 10,000 keys under a prefix in a
-~1 GiB database, their wall time and peak RSS (from the kernel's rusage of each run).
+~1 GiB database, their wall time and peak RSS (from the kernel's rusage of each run). Also what
+`--kube-encryption-config` adds beside each full: the key check's wall time and etcd's CPU time
+during it, against the full's own.
 
 A warden (file store) runs etcd; `fill` writes --mib MiB of Kubernetes-like objects elsewhere and
 --keys objects of ~4 KiB under /registry/secrets/shop/; a full snapshot is taken (SIGUSR1), the
@@ -62,6 +64,13 @@ def backed_up(rev):
          lambda: (s := status()) and (s["backup"].get("backed_up_revision") or 0) >= rev)
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measured(args):
     """Runs the warden with `args`: (seconds, peak RSS MiB, stdout)."""
     t0 = time.monotonic()
@@ -89,8 +98,14 @@ def main():
             "--listen-client-urls", f"http://{IP}:2379", "--advertise-client-urls", f"http://{IP}:2379",
             "--listen-peer-urls", f"http://{IP}:2380", "--initial-advertise-peer-urls", f"http://{IP}:2380",
             "--initial-cluster", f"m0=http://{IP}:2380", "--quota-backend-bytes", str(8 << 30)]
+    keys_config = os.path.join(d, "encryption.yaml")
+    with open(keys_config, "w") as f:
+        f.write("apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n"
+                "- resources: [secrets]\n  providers:\n  - aescbc:\n      keys:\n      - name: key1\n"
+                "        secret: c2VjcmV0IGlzIHNlY3VyZSwgb3IgaXMgaXQ/Cg==\n  - identity: {}\n")
     w = subprocess.Popen([WARDEN, "run", "--listen", f"{IP}:2378", "--store", store,
-                          "--delta-snapshot-period", "1s", "--", *argv], stdout=log, stderr=subprocess.STDOUT)
+                          "--delta-snapshot-period", "1s", "--kube-encryption-config", keys_config,
+                          "--", *argv], stdout=log, stderr=subprocess.STDOUT)
     try:
         poll("the warden ready", lambda: (s := status()) and s.get("ready"))
         fill = "target/release/examples/fill"
@@ -101,8 +116,20 @@ def main():
                        capture_output=True)
         keys = count(a.etcd)
         fulls = status()["backup"]["fulls_total"]
+        etcd_pid = status()["etcd"]["pid"]
+        cpu0 = cpu_seconds(etcd_pid)
         w.send_signal(signal.SIGUSR1)
         poll("a full snapshot of the filled database", lambda: status()["backup"]["fulls_total"] > fulls)
+        full_done, cpu1 = time.monotonic(), cpu_seconds(etcd_pid)
+        full = status()["backup"]["last_full"]
+        poll(f"the key check of {full['key']}",
+             lambda: ((status()["backup"].get("kube_keys") or {}).get("full") == full["key"]))
+        check_took, cpu2 = time.monotonic() - full_done, cpu_seconds(etcd_pid)
+        check = status()["backup"]["kube_keys"]
+        assert not check.get("error"), f"the key check failed: {check['error']}"
+        print(f"key check: full snapshot {full['duration_seconds']:.1f} s (etcd {cpu1 - cpu0:.1f} CPU-s), "
+              f"then the key check of every value {check_took:.1f} s (etcd {cpu2 - cpu1:.1f} CPU-s): "
+              f"{check_took / full['duration_seconds']:.2f}x the full's wall time", flush=True)
         point = revision(a.etcd)
         backed_up(point)
         ctl(a.etcd, "del", PREFIX, "--prefix")
