@@ -413,8 +413,10 @@ mod tests {
         assert!(err.contains("is not that chain's first delta"), "{err}");
     }
 
-    /// A full taken under writes: the old chain was closed at 28, the full is at 30, and the new
-    /// chain's deltas start after it. Revisions 29 and 30 are in the full only: no catch-up.
+    /// A full taken under writes whose old chain was not closed at the full's revision (a store
+    /// written before the writer did so, or a close that failed): the old chain ends at 28, the
+    /// full is at 30, and the new chain's deltas start after it. Revisions 29 and 30 are in the
+    /// full only: no catch-up.
     #[test]
     fn a_full_taken_under_writes_leaves_a_gap_no_catch_up_crosses() {
         let (a, b) = (full(10, T), full(30, T + 100));
