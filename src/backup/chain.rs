@@ -42,7 +42,7 @@ impl Backup {
             }
         }
         self.full_asap = false;
-        match self.take_full(client, store).await {
+        match self.take_full(client, store, None).await {
             Ok(chain) => Ok((chain, chain.base)),
             Err(()) => Err(()),
         }

@@ -73,7 +73,14 @@ impl Backup {
     }
 
     /// One full snapshot, with status, metrics and retention. `Ok(the chain it starts)` on success.
-    pub(super) async fn take_full(&mut self, client: &mut Client, store: &Store) -> Result<ChainId, ()> {
+    /// Takes a full and publishes it; `close`: the chain it ends, `(chain, last revision in its
+    /// deltas)`, closed at the full's revision before retention runs (`close_chain`).
+    pub(super) async fn take_full(
+        &mut self,
+        client: &mut Client,
+        store: &Store,
+        close: Option<(ChainId, i64)>,
+    ) -> Result<ChainId, ()> {
         let status = self.status.clone();
         let progress = crate::telemetry::Progress::to(move |what| {
             status.send_modify(|s| s.in_progress = what);
@@ -143,6 +150,9 @@ impl Backup {
                 self.published(&full, rev);
                 self.put_head(store, chain, rev, Some(full), None).await;
                 if self.superseded_in.is_none() {
+                    if let Some(old) = close {
+                        self.close_chain(client, store, old, rev).await;
+                    }
                     self.apply_retention(store).await;
                 }
                 self.check_kube_keys(client, &r.name.key(), rev);
@@ -163,16 +173,14 @@ impl Backup {
     ) -> Option<Outcome> {
         // Close the old chain first; whatever cannot be uploaded is inside the new full anyway.
         let flushed = self.flush(store, buf).await;
-        let old = (buf.chain(), buf.last());
+        // With deltas off there is no chain of deltas to close.
+        let close = (flushed && !self.cfg.delta_period.is_zero()).then(|| (buf.chain(), buf.last()));
         crate::failpoint::pause("full-after-flush").await;
-        match self.take_full(client, store).await {
+        match self.take_full(client, store, close).await {
             Ok(chain) => {
                 let seen = buf.last();
                 drop(buf.take());
                 *buf = DeltaBuffer::new(chain, seen);
-                if flushed {
-                    self.close_chain(client, store, old, chain.base).await;
-                }
                 None
             }
             Err(()) => None,
@@ -195,56 +203,50 @@ impl Backup {
         if upto <= after {
             return;
         }
-        let (client, compression) = (client.clone(), self.cfg.compression);
-        let max_bytes = self.cfg.delta_max_bytes;
-        let writer = self.delta_writer();
         let read = async {
-            let mut client = client;
+            let mut client = client.clone();
             let mut buf = DeltaBuffer::new(chain, after);
             let mut watch = watch_after(&client, after)
                 .await
                 .map_err(|e| format!("watch: {e}"))?;
-            let mut uploaded = Vec::new();
             while buf.last() < upto {
                 read_upto(&mut client, &mut watch, &mut buf, upto).await?;
-                if buf.len() >= max_bytes || buf.last() >= upto {
-                    let Some(pending) = buf.take() else { continue };
-                    let r = delta::upload(store, &pending, compression, writer.clone())
-                        .await
-                        .map_err(|e| crate::telemetry::error_chain(&e))?;
-                    uploaded.push((r, pending.last));
+                if buf.len() < self.cfg.delta_max_bytes && buf.last() < upto {
+                    continue;
                 }
+                let Some(pending) = buf.take() else { continue };
+                let r = delta::upload(store, &pending, self.cfg.compression, self.delta_writer())
+                    .await
+                    .map_err(|e| crate::telemetry::error_chain(&e))?;
+                // Recorded as each lands: a close cut short still counts what it uploaded.
+                self.status.send_modify(|s| s.deltas_total += 1);
+                let delta = Uploaded {
+                    key: r.name.key(),
+                    revision: pending.last,
+                    at_ms: r.name.created_ms,
+                };
+                self.published(&delta, pending.last);
             }
-            Ok::<_, String>(uploaded)
+            Ok::<_, String>(())
         };
-        match tokio::time::timeout(CLOSE_CHAIN_WAIT, read).await {
-            Ok(Ok(uploaded)) => {
-                self.status
-                    .send_modify(|s| s.deltas_total += uploaded.len() as u64);
-                for (r, last) in &uploaded {
-                    let delta = Uploaded {
-                        key: r.name.key(),
-                        revision: *last,
-                        at_ms: r.name.created_ms,
-                    };
-                    self.published(&delta, *last);
-                }
+        let why = match tokio::time::timeout(CLOSE_CHAIN_WAIT, read).await {
+            Ok(Ok(())) => {
                 tracing::info!(
                     chain = %chain,
                     first = after + 1,
                     last = upto,
                     "the old chain closed at the new full's revision"
                 );
+                return;
             }
-            Ok(Err(e)) => {
-                tracing::warn!(chain = %chain, error = %e, "the old chain ends at revision {after}: revisions {}..={upto} are in the new full alone", after + 1)
-            }
-            Err(_) => tracing::warn!(
-                chain = %chain,
-                "the old chain ends at revision {after}: revisions {}..={upto} are in the new full alone (not read within {CLOSE_CHAIN_WAIT:?})",
-                after + 1
-            ),
-        }
+            Ok(Err(e)) => e,
+            Err(_) => format!("not read within {CLOSE_CHAIN_WAIT:?}"),
+        };
+        tracing::warn!(
+            chain = %chain,
+            reason = %why,
+            "the old chain ends at revision {after} or a little after: revisions up to {upto} are in the new full alone"
+        );
     }
 }
 

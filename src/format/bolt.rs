@@ -35,6 +35,8 @@ const META_CHECKSUMMED: usize = 56;
 const NO_FREELIST: u64 = u64::MAX;
 /// A leaf element's flag for a nested bucket.
 pub const BUCKET_LEAF: u32 = 0x01;
+/// What one leaf item costs in memory beside its key and value (the tuple, two vectors).
+pub const ITEM_COST: usize = 64;
 
 #[derive(Debug, Error)]
 pub enum BoltError {
@@ -171,6 +173,15 @@ fn parse_node(b: &[u8], what: &str) -> Result<Node, BoltError> {
     }
 }
 
+/// Takes what `items` hold in memory from `budget`: their bytes and [`ITEM_COST`] each.
+fn charge(budget: &mut usize, items: &[LeafItem]) -> Result<(), BoltError> {
+    let bytes: usize = items.iter().map(|(_, k, v)| k.len() + v.len() + ITEM_COST).sum();
+    *budget = budget
+        .checked_sub(bytes)
+        .ok_or_else(|| BoltError::Unsupported("a bucket larger than the bytes allowed for it".into()))?;
+    Ok(())
+}
+
 /// A bucket's header as stored in its parent: its root page, or an inline leaf when that is 0.
 #[derive(Debug, Clone)]
 pub struct BucketValue {
@@ -257,7 +268,8 @@ impl BoltFile {
     /// A new bbolt file holding no bucket, as bbolt itself would begin one (metas with txids 0 and
     /// 1, an empty root leaf; no synced freelist), synced and opened.
     pub fn create(path: &Path, page_size: usize) -> Result<Self, BoltError> {
-        if !(1024..=65536).contains(&page_size) || !page_size.is_power_of_two() {
+        // `open` reads the first 4 KiB: a smaller page would leave the new file shorter.
+        if !(4096..=65536).contains(&page_size) || !page_size.is_power_of_two() {
             return Err(BoltError::Unsupported(format!("page size {page_size}")));
         }
         let meta = Meta {
@@ -286,6 +298,12 @@ impl BoltFile {
     }
 
     fn read_page(&self, id: u64) -> Result<Vec<u8>, BoltError> {
+        self.read_page_within(id, usize::MAX)
+    }
+
+    /// A page, refused as `Unsupported` when it (with its overflow pages) is larger than `max`
+    /// bytes, before those are read.
+    fn read_page_within(&self, id: u64, max: usize) -> Result<Vec<u8>, BoltError> {
         if id < 2 || id >= self.meta.pgid {
             return Err(BoltError::Corrupt(format!(
                 "page {id} is outside the file's pages 2..{}",
@@ -307,6 +325,11 @@ impl BoltFile {
                 return Err(BoltError::Corrupt(format!(
                     "page {id} claims {overflow} overflow pages, past the file's pages 2..{}",
                     self.meta.pgid
+                )));
+            }
+            if (overflow + 1).saturating_mul(self.page_size) > max {
+                return Err(BoltError::Unsupported(format!(
+                    "page {id} with its {overflow} overflow pages is larger than allowed here"
                 )));
             }
             b.resize((overflow + 1) * self.page_size, 0);
@@ -336,25 +359,18 @@ impl BoltFile {
         self.bucket_items_within(b, &mut unbounded)
     }
 
-    /// Every key/value of a bucket, in order, taking their bytes (keys and values) from `budget`:
-    /// a bucket larger than what is left is refused as `Unsupported` when it gets there, not
-    /// held whole first.
+    /// Every key/value of a bucket, in order, taking what they hold in memory from `budget`
+    /// (their bytes and [`ITEM_COST`] each; a page read is bounded by what is left): a bucket
+    /// larger than that is refused as `Unsupported` when it gets there, not held whole first.
     pub fn bucket_items_within(
         &self,
         b: &BucketValue,
         budget: &mut usize,
     ) -> Result<Vec<LeafItem>, BoltError> {
-        let mut take = |items: &[LeafItem]| {
-            let bytes: usize = items.iter().map(|(_, k, v)| k.len() + v.len()).sum();
-            *budget = budget.checked_sub(bytes).ok_or_else(|| {
-                BoltError::Unsupported("a bucket larger than the bytes allowed for it".into())
-            })?;
-            Ok::<(), BoltError>(())
-        };
         if b.root == 0 {
             return match parse_node(&b.inline, "inline bucket")? {
                 Node::Leaf(items) => {
-                    take(&items)?;
+                    charge(budget, &items)?;
                     Ok(items)
                 }
                 Node::Branch(_) => Err(BoltError::Corrupt("inline bucket page is a branch".into())),
@@ -365,9 +381,10 @@ impl BoltFile {
         let mut visited = 0u64;
         while let Some(id) = stack.pop() {
             self.bound(&mut visited)?;
-            match self.node(id)? {
+            let page = self.read_page_within(id, *budget)?;
+            match parse_node(&page, &format!("page {id}"))? {
                 Node::Leaf(items) => {
-                    take(&items)?;
+                    charge(budget, &items)?;
                     out.extend(items)
                 }
                 Node::Branch(items) => stack.extend(items.iter().rev().map(|(_, c)| *c)),
@@ -776,6 +793,49 @@ mod tests {
         std::fs::write(&path, &raw).expect("write");
         let db = BoltFile::open(&path).expect("the metas are sound");
         assert!(matches!(db.root_items(), Err(BoltError::Corrupt(m)) if m.contains("overflow")));
+    }
+
+    #[test]
+    fn a_bounded_read_charges_every_item_and_refuses_a_page_past_what_is_left() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("db");
+        let mut f = BoltFile::create(&path, 4096).expect("create");
+        // Empty keys and values cost no bytes of their own, and still their place in memory.
+        let empty: Vec<LeafItem> = (0..100u32)
+            .map(|i| (0, i.to_be_bytes().to_vec(), Vec::new()))
+            .collect();
+        let small = f.write_tree(empty).expect("tree");
+        let big = f
+            .write_tree(vec![(0, b"k".to_vec(), vec![7u8; 100_000])])
+            .expect("tree");
+        f.commit(vec![
+            (BUCKET_LEAF, b"big".to_vec(), BucketValue::encode(big, 0)),
+            (BUCKET_LEAF, b"small".to_vec(), BucketValue::encode(small, 0)),
+        ])
+        .expect("commit");
+        let db = BoltFile::open(&path).expect("open");
+        let root = db.root_items().expect("root");
+        let (big, small) = (
+            BucketValue::parse(&root[0].2).expect("big"),
+            BucketValue::parse(&root[1].2).expect("small"),
+        );
+        let mut budget = 100 * (4 + 64);
+        assert_eq!(
+            db.bucket_items_within(&small, &mut budget).expect("fits").len(),
+            100
+        );
+        assert_eq!(budget, 0);
+        let mut budget = 100 * (4 + 64) - 1;
+        assert!(matches!(
+            db.bucket_items_within(&small, &mut budget),
+            Err(BoltError::Unsupported(_))
+        ));
+        // The 100 kB value's page runs on over 24 overflow pages: refused before they are read.
+        let mut budget = 50_000;
+        assert!(matches!(
+            db.bucket_items_within(&big, &mut budget),
+            Err(BoltError::Unsupported(m)) if m.contains("overflow")
+        ));
     }
 
     #[test]
