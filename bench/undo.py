@@ -9,7 +9,7 @@ A warden (file store) runs etcd; `fill` writes --mib MiB of Kubernetes-like obje
 point noted, then the prefix deleted (the namespace-deleted accident). `diff` must list every key
 as to re-create, `undo` must bring them all back (checked with etcdctl's count).
 
-Usage: bench/undo.py --etcd PATH [--mib 1024] [--keys 10000]
+Usage: bench/undo.py --etcd PATH [--mib 1024] [--keys 10000] [--warden BINARY] [--timeout 600]
 """
 import argparse
 import json
@@ -71,10 +71,10 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measured(args):
+def measured(warden, args):
     """Runs the warden with `args`: (seconds, peak RSS MiB, stdout)."""
     t0 = time.monotonic()
-    p = subprocess.Popen([WARDEN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p = subprocess.Popen([warden, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out = p.stdout.read()
     err = p.stderr.read()
     _, code, usage = os.wait4(p.pid, 0)
@@ -90,6 +90,8 @@ def main():
     ap.add_argument("--etcd", required=True)
     ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--keys", type=int, default=10000)
+    ap.add_argument("--warden", default=WARDEN, help="the etcd-warden binary (another build, to compare)")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds to wait for the key check")
     a = ap.parse_args()
     d = tempfile.mkdtemp(prefix="bench-undo-")
     store = f"file://{d}/store"
@@ -103,7 +105,7 @@ def main():
         f.write("apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n"
                 "- resources: [secrets]\n  providers:\n  - aescbc:\n      keys:\n      - name: key1\n"
                 "        secret: c2VjcmV0IGlzIHNlY3VyZSwgb3IgaXMgaXQ/Cg==\n  - identity: {}\n")
-    w = subprocess.Popen([WARDEN, "run", "--listen", f"{IP}:2378", "--store", store,
+    w = subprocess.Popen([a.warden, "run", "--listen", f"{IP}:2378", "--store", store,
                           "--delta-snapshot-period", "1s", "--kube-encryption-config", keys_config,
                           "--", *argv], stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -123,7 +125,7 @@ def main():
         full_done, cpu1 = time.monotonic(), cpu_seconds(etcd_pid)
         full = status()["backup"]["last_full"]
         poll(f"the key check of {full['key']}",
-             lambda: ((status()["backup"].get("kube_keys") or {}).get("full") == full["key"]))
+             lambda: ((status()["backup"].get("kube_keys") or {}).get("full") == full["key"]), timeout=a.timeout)
         check_took, cpu2 = time.monotonic() - full_done, cpu_seconds(etcd_pid)
         check = status()["backup"]["kube_keys"]
         assert not check.get("error"), f"the key check failed: {check['error']}"
@@ -139,11 +141,11 @@ def main():
               flush=True)
         common = ["--store", store, "--to-revision", str(point), "--prefix", PREFIX,
                   "--endpoints", f"http://{IP}:2379", "--scratch-dir", d, "--json"]
-        took, rss, out = measured(["diff", *common])
+        took, rss, out = measured(a.warden, ["diff", *common])
         n = json.loads(out)["counts"]["re-create"]
         assert n == keys, f"diff lists {n} to re-create, {keys} were deleted"
         print(f"undo: diff {took:.1f} s, peak RSS {rss:.0f} MiB ({n} keys to re-create)", flush=True)
-        took, rss, out = measured(["undo", *common])
+        took, rss, out = measured(a.warden, ["undo", *common])
         n = json.loads(out)["outcome"]["recreated"]
         back = count(a.etcd)
         assert n == keys and back == keys, f"undo re-created {n}, etcd counts {back}, {keys} expected"

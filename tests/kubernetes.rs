@@ -681,9 +681,10 @@ fn the_encryption_keys_each_full_needs_are_checked_by_run_and_by_backups_verify(
     w.wait_exit(UP);
 }
 
-/// The key check reads the full's own revision, page by page past a page's size, and, when etcd
-/// (kube-apiserver compacts every five minutes) has compacted that revision, the current state
-/// instead, saying which revision it read.
+/// The key check reads the full's own revision, page by page past a page's size and past the
+/// splits of the keyspace that keep etcd's counting narrow (thousands of keys, numbered and
+/// random names, in several prefixes), and, when etcd (kube-apiserver compacts every five
+/// minutes) has compacted that revision, the current state instead, saying which revision it read.
 #[test]
 fn the_key_check_reads_the_fulls_revision_or_the_current_one_after_a_compaction() {
     let etcd = etcd37();
@@ -706,6 +707,30 @@ fn the_key_check_reads_the_fulls_revision_or_the_current_one_after_a_compaction(
             .put("/registry/configmaps/w/c", "k8s\0plain", None)
             .await
             .unwrap();
+        // 4 000 plain pods and 800 secrets under random names in 20 namespaces, 100 per
+        // transaction.
+        let mut rng = fastrand::Rng::with_seed(44);
+        let mut ops = Vec::new();
+        for i in 0..4800 {
+            let name: String = (0..12).map(|_| rng.alphanumeric().to_ascii_lowercase()).collect();
+            let (key, value) = match i % 6 {
+                0 => (
+                    format!("/registry/secrets/ns{}/tok-{name}", i % 20),
+                    format!("k8s:enc:aescbc:v1:key1:{i}"),
+                ),
+                _ => (
+                    format!("/registry/pods/ns{}/pod-{name}", i % 20),
+                    "k8s\0plain".to_owned(),
+                ),
+            };
+            ops.push(etcd_client::TxnOp::put(key, value, None));
+            if ops.len() == 100 {
+                client
+                    .txn(etcd_client::Txn::new().and_then(std::mem::take(&mut ops)))
+                    .await
+                    .unwrap();
+            }
+        }
     });
     let full_rev = etcd_revision(&ctl, &ip);
     rt.block_on(async {
@@ -726,13 +751,13 @@ fn the_key_check_reads_the_fulls_revision_or_the_current_one_after_a_compaction(
     assert_eq!(at, full_rev);
     assert_eq!(
         needed.into_iter().collect::<Vec<_>>(),
-        [("aescbc:key1".to_owned(), 1200)]
+        [("aescbc:key1".to_owned(), 2000)]
     );
     etcdctl(&ctl, &ip, &["compact", &(now - 1).to_string()]).unwrap();
     let (at, needed) = needed_at(full_rev);
     assert_eq!(at, now, "after the compaction the current revision is read");
     assert_eq!(
         needed.into_iter().collect::<Vec<_>>(),
-        [("aescbc:key1".to_owned(), 900), ("aescbc:key2".to_owned(), 300)]
+        [("aescbc:key1".to_owned(), 1700), ("aescbc:key2".to_owned(), 300)]
     );
 }
