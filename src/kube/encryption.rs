@@ -183,11 +183,11 @@ struct Span {
 ///
 /// etcd counts every key of the range it is asked for, whatever the limit (its index visits the
 /// whole range), so paging through the rest of the keyspace costs the rest at every page: at 8 GiB
-/// (about two million keys) that was minutes of etcd's CPU. A large rest is therefore split in
-/// two at a key boundary just above the page: the keys sharing the page's last key up to a byte
-/// (taken two bytes above where the page's keys differ, so that the part holds many pages), and
-/// the rest after them; each is read, and split, on its own. Every key of the span is in exactly
-/// one of them.
+/// (about two million keys) that was minutes of etcd's CPU. A large rest is therefore split at a
+/// key boundary just above the page: the keys sharing the page's last key up to a byte (taken
+/// some bytes above where the page's keys differ, more the more pages are left, so that the part
+/// holds many pages), and the rest after them, itself halved by the values of that byte; each is
+/// read, and split, on its own. Every key of the span is in exactly one of them.
 fn next_spans(span: &Span, first: &[u8], last: &[u8], left: i64) -> Vec<Span> {
     let mut lo = last.to_vec();
     lo.push(0);
