@@ -847,9 +847,10 @@ fn a_signed_store_refuses_forged_renamed_and_foreign_objects() {
 }
 
 /// A full whose database is crafted, with the sha256 that anyone who can write to an unsigned
-/// bucket can compute for it (its root page claims 65 535 elements): etcd's tool fails on it
-/// (under a memory and time bound), the warden's own bbolt reader finds the database unsound, and
-/// the restore falls back to the older chain, naming the crafted full, instead of stopping there.
+/// bucket can compute for it (its root page claims 65 535 elements): the warden's own bbolt reader
+/// finds the database unsound (before etcd's tool restores the seed; where the tool takes a full
+/// whole, after it failed under a memory and time bound), and the restore falls back to the older
+/// chain, naming the crafted full, instead of stopping there.
 #[test]
 fn a_crafted_database_with_a_matching_sha256_makes_the_restore_fall_back() {
     use etcd_warden::snapshot::full::upload_stream;

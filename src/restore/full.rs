@@ -96,7 +96,7 @@ impl From<BoltError> for Seeded {
     fn from(e: BoltError) -> Self {
         match e {
             BoltError::Unsupported(m) => Self::Unsupported(m),
-            BoltError::Corrupt(m) => Self::Corrupt(m),
+            e @ BoltError::Corrupt(_) => Self::Corrupt(e.to_string()),
             BoltError::Io(e) => {
                 Self::Failed(Failure::Local(format!("restore the full snapshot in place: {e}")))
             }
