@@ -126,6 +126,13 @@ impl Member {
         entries_named(self.dir.path(), infix)
     }
 
+    /// A copy of the data dir as it is now: the old disk, put back later.
+    fn old_disk(&self) -> PathBuf {
+        let old = self.dir.path().join("old-disk");
+        copy_dir(&self.data(), &old);
+        old
+    }
+
     /// The data dir replaced by `old` (a disk put back).
     fn put_back(&self, old: &Path) {
         std::fs::remove_dir_all(self.data()).unwrap();
@@ -190,8 +197,7 @@ fn behind_across_a_full(etcd: PathBuf, refused: Option<&str>) {
     let m = Member::of(etcd);
     let store = m.store("store");
     let (old_revision, _) = first_run(&m, &store, "/before", 20);
-    let old = m.dir.path().join("old-disk");
-    copy_dir(&m.data(), &old);
+    let old = m.old_disk();
 
     let w = m.warden(&store);
     m.writes("/after", 30);
@@ -248,8 +254,7 @@ fn a_data_dir_behind_is_caught_up_across_a_full_taken_under_writes() {
     let m = Member::new();
     let store = m.store("store");
     first_run(&m, &store, "/before", 20);
-    let old = m.dir.path().join("old-disk");
-    copy_dir(&m.data(), &old);
+    let old = m.old_disk();
 
     let paused = [
         ("ETCD_WARDEN_FAILPOINT", "full-after-flush".to_owned()),
@@ -346,8 +351,7 @@ fn a_data_dir_from_before_an_auth_change_is_restored_with_it() {
     let m = Member::new();
     let store = m.store("store");
     first_run(&m, &store, "/before", 10);
-    let old = m.dir.path().join("old-disk");
-    copy_dir(&m.data(), &old);
+    let old = m.old_disk();
 
     let w = m.warden(&store);
     // Writes first: the full that follows the change is then above the old disk's revision, and
