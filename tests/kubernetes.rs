@@ -570,6 +570,11 @@ fn the_encryption_keys_each_full_needs_are_checked_by_run_and_by_backups_verify(
         "{b}"
     );
     assert_eq!(b["kube_keys"]["missing"], serde_json::json!([]), "{b}");
+    assert_eq!(
+        b["kube_keys"]["note"],
+        serde_json::Value::Null,
+        "read from the full's own bytes as they streamed, not from etcd: {b}"
+    );
     assert_eq!(b["healthy"], true, "{b}");
     assert_eq!(metric(&w).as_deref(), Some("0.0"));
     {
@@ -759,5 +764,30 @@ fn the_key_check_reads_the_fulls_revision_or_the_current_one_after_a_compaction(
     assert_eq!(
         needed.into_iter().collect::<Vec<_>>(),
         [("aescbc:key1".to_owned(), 1700), ("aescbc:key2".to_owned(), 300)]
+    );
+    // What a full's own bytes say (`kube::needs`, as `run` reads each full while it streams and
+    // `backups verify` a downloaded one), against etcd's answer at the same revision: after
+    // deletes and a compaction, etcd's file holds free pages with values no key has any more.
+    let mut deleter = client.clone();
+    rt.block_on(async {
+        for i in (300..1200).step_by(3) {
+            let deleted = deleter
+                .delete(format!("/registry/secrets/w/s{i:04}"), None)
+                .await
+                .unwrap();
+            assert_eq!(deleted.deleted(), 1);
+        }
+    });
+    let now = etcd_revision(&ctl, &ip);
+    etcdctl(&ctl, &ip, &["compact", &now.to_string()]).unwrap();
+    let saved = dir.path().join("saved.db");
+    etcdctl(&ctl, &ip, &["snapshot", "save", saved.to_str().unwrap()]).unwrap();
+    let from_file = etcd_warden::kube::needs::needed_in_file(&saved).unwrap();
+    let (at, from_etcd) = needed_at(now);
+    assert_eq!((from_file.revision, at), (now, now));
+    assert_eq!(from_file.needed, from_etcd);
+    assert_eq!(
+        from_etcd.into_iter().collect::<Vec<_>>(),
+        [("aescbc:key1".to_owned(), 1400), ("aescbc:key2".to_owned(), 300)]
     );
 }

@@ -6,14 +6,29 @@ use std::time::SystemTime;
 use etcd_client::Client;
 
 use super::writer::{Backup, Outcome};
+use crate::kube::needs::Tap;
 use crate::snapshot::delta::DeltaBuffer;
 use crate::snapshot::outside;
 use crate::store::Store;
 
 impl Backup {
-    /// `--kube-encryption-config`: in the background (it reads every value once, page by page), the
-    /// key names the full's encrypted values need, against the configuration's.
-    pub(super) fn check_kube_keys(&mut self, client: &Client, full: &str, revision: i64) {
+    /// `--kube-encryption-config`: the reader that takes a full's bytes as they stream
+    /// (`kube::needs`), its temporary file beside the data dir; `None` without the option.
+    pub(super) fn key_tap(&self) -> Option<Result<Tap, String>> {
+        self.cfg.kube_encryption_config.as_ref()?;
+        let dir = self.cfg.data_dir.parent().unwrap_or(std::path::Path::new("/"));
+        Some(Tap::start(dir))
+    }
+
+    /// `--kube-encryption-config`: in the background, the key names the full's encrypted values
+    /// need (what `tap` read of it), against the configuration's.
+    pub(super) fn check_kube_keys(
+        &mut self,
+        client: &Client,
+        full: &str,
+        revision: i64,
+        tap: Option<Result<Tap, String>>,
+    ) {
         let Some(config) = self.cfg.kube_encryption_config.clone() else {
             return;
         };
@@ -22,7 +37,13 @@ impl Backup {
         }
         let (mut client, status, full) = (client.clone(), self.status.clone(), full.to_owned());
         self.key_check = Some(tokio::spawn(async move {
-            let check = crate::kube::encryption::check_full(&mut client, &config, &full, revision).await;
+            let from_full = match tap {
+                Some(Ok(tap)) => tap.finish().await,
+                Some(Err(e)) => Err(e),
+                None => Err("no reader of its bytes".into()),
+            };
+            let check =
+                crate::kube::encryption::check_full(&mut client, &config, &full, revision, from_full).await;
             match check.problem() {
                 Some(problem) => tracing::error!(full, problem, "backup cannot be decrypted"),
                 None => tracing::info!(

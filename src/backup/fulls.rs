@@ -99,13 +99,16 @@ impl Backup {
                 None
             }
         };
+        let tap = self.key_tap();
         let result = full::take_full(
             client,
             store,
             self.cfg.compression,
-            false,
-            outside.clone(),
-            None,
+            full::FullOptions {
+                outside: outside.clone(),
+                tap: tap.as_ref().and_then(|t| t.as_ref().ok()).map(|t| t.sender()),
+                ..Default::default()
+            },
             &progress,
         )
         .await;
@@ -155,7 +158,7 @@ impl Backup {
                     }
                     self.apply_retention(store).await;
                 }
-                self.check_kube_keys(client, &r.name.key(), rev);
+                self.check_kube_keys(client, &r.name.key(), rev, tap);
                 Ok(chain)
             }
             Err(err) => {

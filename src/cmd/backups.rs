@@ -367,7 +367,7 @@ async fn kube_keys_cmd(url: &str, config: &Path, keys: Keys) -> i32 {
         )
         .await
         {
-            Ok(_) => crate::kube::encryption::needed_in_db(&path),
+            Ok(_) => crate::kube::needs::needed_in_file(&path).map(|n| n.needed),
             Err(e) => Err(e.to_string()),
         };
         let _ = std::fs::remove_file(&path);

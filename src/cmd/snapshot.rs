@@ -53,9 +53,7 @@ pub async fn snapshot(args: SnapshotArgs) -> i32 {
         &mut client,
         &store,
         args.compression,
-        false,
-        None,
-        None,
+        full::FullOptions::default(),
         &progress,
     )
     .await;

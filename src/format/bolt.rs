@@ -79,6 +79,12 @@ fn fnv1a64(b: &[u8]) -> u64 {
     h
 }
 
+/// A page's meta as `(page size, root page, high-water mark, txid)`, when it is a valid bbolt v2
+/// meta (magic, version, checksum); `page` starts at the page header.
+pub(crate) fn meta_of(page: &[u8]) -> Option<(usize, u64, u64, u64)> {
+    Meta::parse(page).map(|m| (m.page_size as usize, m.root, m.pgid, m.txid))
+}
+
 impl Meta {
     fn parse(page: &[u8]) -> Option<Self> {
         let m = page.get(PAGE_HEADER..PAGE_HEADER + META_CHECKSUMMED + 8)?;

@@ -3,7 +3,9 @@
 //! This reads which key names the values in a full snapshot need (the newest version of every key,
 //! what a restore serves) and which an `EncryptionConfiguration` holds, so `backups verify
 //! --kube-encryption-config FILE` can say, per full, whether that file still decrypts it, and `run
-//! --kube-encryption-config FILE` can check each full it takes ([`check_full`]).
+//! --kube-encryption-config FILE` can check each full it takes ([`check_full`]). The values are
+//! read from the full's own bytes (`kube::needs`); etcd is read ([`needed_at`]) only when those
+//! could not say.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -11,8 +13,6 @@ use std::time::SystemTime;
 
 use etcd_client::{Client, GetOptions};
 use serde::Serialize;
-
-use crate::format::bolt::{BUCKET_LEAF, BoltFile, BucketValue};
 
 /// The key names an `EncryptionConfiguration` holds, as `provider:name` (`aescbc:key1`,
 /// `kms:v2:vault`).
@@ -85,7 +85,7 @@ pub fn needed_by(value: &[u8]) -> Option<String> {
 }
 
 /// Reads the protobuf fields 1 (key) and 5 (value) of an `mvccpb.KeyValue`.
-fn key_and_value(b: &[u8]) -> Option<(&[u8], &[u8])> {
+pub(crate) fn key_and_value(b: &[u8]) -> Option<(&[u8], &[u8])> {
     let fields = crate::format::proto::fields(b)?;
     let bytes = |n: u64| {
         fields
@@ -97,42 +97,14 @@ fn key_and_value(b: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((bytes(1), bytes(5)))
 }
 
-/// For the database at `db`: each key name the newest versions of its keys need, with how many
-/// values need it.
-pub fn needed_in_db(db: &Path) -> Result<BTreeMap<String, u64>, String> {
-    let file = BoltFile::open(db).map_err(|e| format!("{}: {e}", db.display()))?;
-    let root = file.root_items().map_err(|e| e.to_string())?;
-    let bucket = root
-        .iter()
-        .find(|(f, k, _)| f & BUCKET_LEAF != 0 && k == b"key")
-        .map(|(_, _, v)| v.clone())
-        .ok_or("no key bucket: not an etcd database")?;
-    let items = file
-        .bucket_items(&BucketValue::parse(&bucket).map_err(|e| e.to_string())?)
-        .map_err(|e| e.to_string())?;
-    // Revisions in order: the last entry of each key is its newest version (or its deletion).
-    let mut newest: BTreeMap<Vec<u8>, Option<String>> = BTreeMap::new();
-    for (_, rev, kv) in &items {
-        let Some((key, value)) = key_and_value(kv) else {
-            continue;
-        };
-        let tombstone = rev.len() == 18 && rev[17] == b't';
-        newest.insert(key.to_vec(), if tombstone { None } else { needed_by(value) });
-    }
-    let mut out = BTreeMap::new();
-    for need in newest.into_values().flatten() {
-        *out.entry(need).or_default() += 1;
-    }
-    Ok(out)
-}
-
 /// What `run --kube-encryption-config` found for the newest full snapshot (in /status as
 /// `backup.kube_keys`). Missing keys are a backup-health problem, never a readiness one.
 #[derive(Debug, Clone, Serialize)]
 pub struct KeyCheck {
     /// The full snapshot checked.
     pub full: String,
-    /// The revision read: the full's own, or etcd's current one when etcd had compacted the full's
+    /// The revision read: the highest in the full's own bytes; when those could not be read, the
+    /// full's revision as etcd served it, or etcd's current one when etcd had compacted the full's
     /// revision before the check read it (said in `note`).
     pub checked_revision: i64,
     /// Key name (`aescbc:key1`) → values that need it.
@@ -328,7 +300,15 @@ pub async fn needed_at(
 
 /// Checks the full snapshot `full` (taken at `revision`) against the configuration at `config`,
 /// read afresh (keys rotate: the file the operator keeps current is the one that matters).
-pub async fn check_full(client: &mut Client, config: &Path, full: &str, revision: i64) -> KeyCheck {
+/// `from_full`: what the full's own bytes said as they streamed (`kube::needs`); when they could
+/// not say, etcd is read instead, page by page.
+pub async fn check_full(
+    client: &mut Client,
+    config: &Path,
+    full: &str,
+    revision: i64,
+    from_full: Result<super::needs::Needs, String>,
+) -> KeyCheck {
     let mut check = KeyCheck {
         full: full.to_owned(),
         checked_revision: revision,
@@ -346,13 +326,29 @@ pub async fn check_full(client: &mut Client, config: &Path, full: &str, revision
             return check;
         }
     };
+    let why = match from_full {
+        Ok(needs) => {
+            check.checked_revision = needs.revision;
+            check.missing = needs
+                .needed
+                .keys()
+                .filter(|k| !held.contains(*k))
+                .cloned()
+                .collect();
+            check.needed = needs.needed;
+            return check;
+        }
+        Err(why) => why,
+    };
     match needed_at(client, revision).await {
         Ok((at, needed)) => {
-            if at != revision {
-                check.note = Some(format!(
-                    "etcd had compacted revision {revision}: read revision {at} instead"
-                ));
-            }
+            check.note = Some(if at != revision {
+                format!(
+                    "the full could not be read as it streamed ({why}); etcd had compacted revision {revision}: read revision {at} instead"
+                )
+            } else {
+                format!("the full could not be read as it streamed ({why}): read from etcd")
+            });
             check.checked_revision = at;
             check.missing = needed.keys().filter(|k| !held.contains(*k)).cloned().collect();
             check.needed = needed;

@@ -193,9 +193,10 @@ async fn attempt(
         &mut client,
         &store,
         cfg.backup.compression,
-        true,
-        None,
-        None,
+        full::FullOptions {
+            is_final: true,
+            ..Default::default()
+        },
         &crate::telemetry::Progress::to({
             let status = status.clone();
             move |what| {

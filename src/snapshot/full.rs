@@ -102,17 +102,35 @@ fn etcd(what: &'static str) -> impl FnOnce(etcd_client::Error) -> SnapshotError 
     move |source| SnapshotError::Etcd { what, source }
 }
 
-/// Takes one full snapshot of the etcd behind `client` into `store`. `rollback_for`: it is the
-/// rollback point before that release starts (`crate::upgrade::rollback`), under `v1/rollback/` (`crate::store::rollback`).
+/// What a full is beyond a plain one.
+#[derive(Debug, Default)]
+pub struct FullOptions {
+    /// The final full, taken after etcd was killed (`crate::ownership::fence`).
+    pub is_final: bool,
+    /// etcd's membership and auth state, as `outside::fingerprint` read it.
+    pub outside: Option<String>,
+    /// It is the rollback point before that release starts (`crate::upgrade::rollback`), under
+    /// `v1/rollback/` (`crate::store::rollback`).
+    pub rollback_for: Option<crate::etcd::version::Version>,
+    /// Gets every byte of etcd's stream as it passes, trailer included (the key check's
+    /// `kube::needs::Tap`); dropped when its reader stops taking them.
+    pub tap: Option<tokio::sync::mpsc::Sender<bytes::Bytes>>,
+}
+
+/// Takes one full snapshot of the etcd behind `client` into `store`.
 pub async fn take_full(
     client: &mut Client,
     store: &Store,
     compression: Compression,
-    is_final: bool,
-    outside: Option<String>,
-    rollback_for: Option<crate::etcd::version::Version>,
+    opts: FullOptions,
     progress: &crate::telemetry::Progress,
 ) -> Result<FullResult, SnapshotError> {
+    let FullOptions {
+        is_final,
+        outside,
+        rollback_for,
+        mut tap,
+    } = opts;
     let started = Instant::now();
     let status = client.status().await.map_err(etcd("read the revision"))?;
     let hdr = status.header().cloned();
@@ -156,11 +174,16 @@ pub async fn take_full(
     // Read etcd's stream on its own task so network reads overlap compression and upload; the
     // bounded channel keeps at most READ_AHEAD messages (etcd sends 32 KiB each) in memory.
     const READ_AHEAD: usize = 32;
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<Vec<u8>, SnapshotError>>(READ_AHEAD);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, SnapshotError>>(READ_AHEAD);
     let reader = tokio::spawn(async move {
         let chunks = async_stream_of(&mut stream);
         let mut chunks = std::pin::pin!(chunks);
         while let Some(c) = futures_util::StreamExt::next(&mut chunks).await {
+            if let (Some(t), Ok(b)) = (&tap, &c)
+                && t.send(b.clone()).await.is_err()
+            {
+                tap = None;
+            }
             let failed = c.is_err();
             if tx.send(c).await.is_err() || failed {
                 return;
@@ -230,10 +253,10 @@ pub async fn take_full(
 /// Adapts etcd's snapshot stream to a stream of byte chunks.
 fn async_stream_of(
     stream: &mut etcd_client::SnapshotStreaming,
-) -> impl futures_util::Stream<Item = Result<Vec<u8>, SnapshotError>> + '_ {
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, SnapshotError>> + '_ {
     futures_util::stream::unfold(stream, |s| async move {
         match s.message().await {
-            Ok(Some(msg)) => Some((Ok(msg.blob().to_vec()), s)),
+            Ok(Some(msg)) => Some((Ok(bytes::Bytes::from(msg.blob().to_vec())), s)),
             Ok(None) => None,
             Err(source) => Some((
                 Err(SnapshotError::Etcd {
@@ -250,7 +273,7 @@ fn async_stream_of(
 /// Returns the raw size, etcd's digest and the still-open writer: the caller adds the footer and
 /// completes it. On any error, or when the trailer does not check out, the upload is aborted and
 /// nothing becomes visible.
-pub async fn upload_stream<S>(
+pub async fn upload_stream<S, B>(
     store: &Store,
     key: &str,
     header: &Header,
@@ -258,7 +281,8 @@ pub async fn upload_stream<S>(
     chunks: S,
 ) -> Result<(u64, String, ObjectWriter), SnapshotError>
 where
-    S: futures_util::Stream<Item = Result<Vec<u8>, SnapshotError>>,
+    S: futures_util::Stream<Item = Result<B, SnapshotError>>,
+    B: AsRef<[u8]>,
 {
     use futures_util::StreamExt;
     let mut writer = ObjectWriter::begin(store.inner.clone(), key, header, &store.keys.signing).await?;
@@ -268,8 +292,9 @@ where
         let mut chunks = std::pin::pin!(chunks);
         while let Some(blob) = chunks.next().await {
             let blob = blob?;
-            check.update(&blob);
-            comp.write(&blob).map_err(SnapshotError::Compress)?;
+            let blob = blob.as_ref();
+            check.update(blob);
+            comp.write(blob).map_err(SnapshotError::Compress)?;
             let out = comp.take();
             writer.payload(&out).await?;
         }

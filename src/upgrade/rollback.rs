@@ -49,9 +49,10 @@ pub async fn take_through(
         client,
         store,
         compression,
-        false,
-        None,
-        Some(next),
+        crate::snapshot::full::FullOptions {
+            rollback_for: Some(next),
+            ..Default::default()
+        },
         &crate::telemetry::Progress::default(),
     )
     .await
