@@ -73,6 +73,12 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def vm(pid, field):
+    """A /proc/PID/status size (VmRSS, VmHWM) in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith(field + ":")) / 1024
+
+
 def measured(warden, args):
     """Runs the warden with `args`: (seconds, peak RSS MiB, stdout)."""
     t0 = time.monotonic()
@@ -128,7 +134,8 @@ def main():
         # The full of `run`, with the key check reading it as it streams.
         fulls = status()["backup"]["fulls_total"]
         with open(f"/proc/{w.pid}/clear_refs", "w") as f:
-            f.write("5")  # resets the peak RSS (VmHWM)
+            f.write("5")  # resets the peak RSS (VmHWM) to the RSS now
+        rss0 = vm(w.pid, "VmRSS")
         cpu0, wcpu0, t0 = cpu_seconds(etcd_pid), cpu_seconds(w.pid), time.monotonic()
         w.send_signal(signal.SIGUSR1)
         poll("a full snapshot of the filled database", lambda: status()["backup"]["fulls_total"] > fulls)
@@ -137,13 +144,12 @@ def main():
              lambda: ((status()["backup"].get("kube_keys") or {}).get("full") == full["key"]), timeout=a.timeout)
         took = time.monotonic() - t0
         etcd_cpu, warden_cpu = cpu_seconds(etcd_pid) - cpu0, cpu_seconds(w.pid) - wcpu0
-        with open(f"/proc/{w.pid}/status") as f:
-            hwm = next(int(l.split()[1]) for l in f if l.startswith("VmHWM")) / 1024
+        hwm = vm(w.pid, "VmHWM")
         check = status()["backup"]["kube_keys"]
         assert not check.get("error"), f"the key check failed: {check['error']}"
         assert not check.get("note"), f"the key check read etcd: {check['note']}"
         print(f"key check: full with the check until its answer {took:.1f} s (the full {full['duration_seconds']:.1f} s; "
-              f"warden {warden_cpu:.1f} CPU-s, peak RSS {hwm:.0f} MiB; etcd {etcd_cpu:.1f} CPU-s); "
+              f"warden {warden_cpu:.1f} CPU-s, peak RSS {hwm:.0f} MiB from {rss0:.0f} MiB before it; etcd {etcd_cpu:.1f} CPU-s); "
               f"plain full by `snapshot` {plain:.1f} s (peak RSS {plain_rss:.0f} MiB; etcd {plain_etcd:.1f} CPU-s): "
               f"{took / plain:.2f}x; needed {check['needed']}", flush=True)
         point = revision(a.etcd)
