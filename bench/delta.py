@@ -6,7 +6,12 @@ then report the writes/s etcd accepted, whether every revision reached the store
 == etcd's revision), how long after the load stopped the store caught up (lag), the warden's peak RSS
 (VmHWM) against --delta-snapshot-max-bytes, and the delta objects written.
 
-Usage: bench/delta.py --etcd PATH [--rates 1000,10000,0] [--seconds 20]
+--fill-mib N adds a row of a write burst: `examples/fill` writing N MiB of Kubernetes-like objects of
+~4 KiB as fast as etcd takes them (what a restore test or a migration does), the buffer reaching its
+bound at every flush. --compare BINARY runs every row with that build too, side by side.
+
+Usage: bench/delta.py --etcd PATH [--rates 1000,10000,0] [--seconds 20] [--fill-mib 1024]
+       [--compare BINARY]
 """
 import argparse
 import json
@@ -59,13 +64,18 @@ def main():
     ap.add_argument("--rates", default="1000,10000,0")
     ap.add_argument("--seconds", type=int, default=20)
     ap.add_argument("--max-bytes", default="32MiB")
+    ap.add_argument("--fill-mib", type=int, default=0)
+    ap.add_argument("--fill", default="target/release/examples/fill")
+    ap.add_argument("--compare", help="another etcd-warden build, run the same rows")
     a = ap.parse_args()
     ctl = os.path.join(os.path.dirname(a.etcd), "etcdctl")
     rows = []
-    for rate in [int(r) for r in a.rates.split(",")]:
+    cases = [int(r) for r in a.rates.split(",") if r != ""] + (["fill"] if a.fill_mib else [])
+    builds = [a.warden] + ([a.compare] if a.compare else [])
+    for rate, warden in [(r, b) for r in cases for b in builds]:
         tmp = tempfile.mkdtemp(prefix="warden-delta-", dir="/var/tmp")
         store = os.path.join(tmp, "store")
-        w = subprocess.Popen([a.warden, "run", "--listen", f"{IP}:2378", "--store", f"file://{store}",
+        w = subprocess.Popen([warden, "run", "--listen", f"{IP}:2378", "--store", f"file://{store}",
                               "--delta-snapshot-period", "1s", "--delta-snapshot-max-bytes", a.max_bytes, "--",
                               a.etcd, "--name", "d", "--data-dir", os.path.join(tmp, "data"),
                               "--listen-client-urls", f"http://{IP}:2379", "--advertise-client-urls", f"http://{IP}:2379",
@@ -76,8 +86,14 @@ def main():
         try:
             poll("ready", lambda: get(f"http://{IP}:2378/readyz").startswith("ready") if _ok(f"http://{IP}:2378/readyz") else False)
             poll("first full snapshot", lambda: json.loads(get(f"http://{IP}:2378/status"))["backup"]["fulls_total"] >= 1)
-            out = subprocess.run([a.load, f"http://{IP}:2379", str(a.seconds), "32", str(rate)],
-                                 capture_output=True, text=True, check=True).stdout.strip()
+            if rate == "fill":
+                t0 = time.monotonic()
+                subprocess.run([a.fill, f"http://{IP}:2379", str(a.fill_mib), "/registry/configmaps/bench/"],
+                               capture_output=True, check=True)
+                out = f"{a.fill_mib} MiB of ~4 KiB objects in {time.monotonic() - t0:.1f} s"
+            else:
+                out = subprocess.run([a.load, f"http://{IP}:2379", str(a.seconds), "32", str(rate)],
+                                     capture_output=True, text=True, check=True).stdout.strip()
             t_end = time.monotonic()
             # Every write the load saw acknowledged is at or below etcd's revision now.
             target = etcd_revision(ctl)
@@ -89,17 +105,18 @@ def main():
             lag = time.monotonic() - t_end
             hwm = vm(w.pid, "VmHWM")
             deltas = sum(len(fs) for dp, _, fs in os.walk(os.path.join(store, "v1", "delta")))
-            verify = subprocess.run([a.warden, "backups", "verify", "--store", f"file://{store}"], capture_output=True, text=True)
-            rows.append((rate, out, lag, hwm, deltas, verify.returncode == 0))
+            verify = subprocess.run([warden, "backups", "verify", "--store", f"file://{store}"], capture_output=True, text=True)
+            rows.append((rate, warden, out, lag, hwm, deltas, verify.returncode == 0))
         finally:
             w.terminate()
             w.wait()
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"delta capture benchmark ({a.seconds} s of load per row, 32 clients, ~1 KiB values, 10 % deletes; "
           f"period 1s, max-bytes {a.max_bytes})")
-    print(f"{'target':>8}  {'achieved':<40} {'caught up after':>16} {'warden peak RSS':>16} {'deltas':>7} {'verify':>7}")
-    for rate, out, lag, hwm, deltas, ok in rows:
-        print(f"{(str(rate) + '/s') if rate else 'max':>8}  {out:<40} {lag:14.2f}s {hwm:13.1f}MiB {deltas:>7} {'ok' if ok else 'FAIL':>7}")
+    print(f"{'target':>8}  {'achieved':<40} {'caught up after':>16} {'warden peak RSS':>16} {'deltas':>7} {'verify':>7}  build")
+    for rate, warden, out, lag, hwm, deltas, ok in rows:
+        target = rate if rate == "fill" else (f"{rate}/s" if rate else "max")
+        print(f"{target:>8}  {out:<40} {lag:14.2f}s {hwm:13.1f}MiB {deltas:>7} {'ok' if ok else 'FAIL':>7}  {warden}")
 
 
 def _ok(url):

@@ -64,6 +64,15 @@ pub fn revision_digest(r: &Revision) -> [u8; 32] {
     Sha256::digest(&buf).into()
 }
 
+/// How many bytes [`encode_revision`] writes for `r`.
+pub fn revision_len(r: &Revision) -> usize {
+    13 + r
+        .events
+        .iter()
+        .map(|e| 1 + 4 + e.key.len() + 4 + e.value.len() + 24)
+        .sum::<usize>()
+}
+
 pub fn encode_revision(r: &Revision, out: &mut Vec<u8>) {
     out.push(TAG_REVISION);
     out.extend_from_slice(&r.revision.to_le_bytes());
@@ -297,6 +306,17 @@ mod tests {
             Decoder::new().push(&b),
             Err(DecodeError::TooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn a_revisions_length_is_what_its_encoding_takes() {
+        for r in sample() {
+            if let Record::Revision(r) = r {
+                let mut out = Vec::new();
+                encode_revision(&r, &mut out);
+                assert_eq!(revision_len(&r), out.len(), "revision {}", r.revision);
+            }
+        }
     }
 
     fn sample() -> Vec<Record> {

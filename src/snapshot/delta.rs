@@ -24,6 +24,9 @@ pub struct GapError {
     pub got: i64,
 }
 
+/// How much a delta buffer grows by at most at once.
+const GROWTH: usize = 4 << 20;
+
 /// Events waiting to be uploaded.
 #[derive(Debug)]
 pub struct DeltaBuffer {
@@ -132,6 +135,13 @@ impl DeltaBuffer {
                 got: rev.revision,
             });
         }
+        // Grown by at most GROWTH at a time (a large buffer's realloc moves pages, not bytes):
+        // doubling would leave a buffer at its 32 MiB bound with 64 MiB reserved.
+        let need = delta_codec::revision_len(rev);
+        if self.bytes.capacity() - self.bytes.len() < need {
+            let step = self.bytes.len().clamp(4096, GROWTH);
+            self.bytes.reserve_exact(need.max(step));
+        }
         delta_codec::encode_revision(rev, &mut self.bytes);
         self.first.get_or_insert(rev.revision);
         self.last = rev.revision;
@@ -187,6 +197,9 @@ pub struct DeltaResult {
     pub duration: Duration,
 }
 
+/// What a delta is compressed and written by.
+const PIECE: usize = 1 << 20;
+
 /// Compresses and uploads one delta.
 pub async fn upload(
     store: &Store,
@@ -233,13 +246,23 @@ pub async fn upload(
         rollback_for: None,
     };
     let mut comp = Packer::new(compression, &store.keys).map_err(SnapshotError::Compress)?;
-    comp.write(&p.raw).map_err(SnapshotError::Compress)?;
-    let packed = comp.finish().map_err(SnapshotError::Compress)?;
     let key = name.key();
     let mut w = ObjectWriter::begin(store.inner.clone(), &key, &header, &store.keys.signing).await?;
-    if let Err(e) = w.payload(&packed).await {
+    // Compressed and written a piece at a time: the compressed delta is never held whole beside
+    // the raw one (a buffer at its bound of 32 MiB would otherwise take another 10-30 MiB).
+    let body = async {
+        for piece in p.raw.chunks(PIECE) {
+            comp.write(piece).map_err(SnapshotError::Compress)?;
+            w.payload(&comp.take()).await?;
+        }
+        let rest = comp.finish().map_err(SnapshotError::Compress)?;
+        w.payload(&rest).await?;
+        Ok::<_, SnapshotError>(())
+    }
+    .await;
+    if let Err(e) = body {
         w.abort().await;
-        return Err(e.into());
+        return Err(e);
     }
     let footer = Footer {
         raw_bytes: p.raw.len() as u64,
