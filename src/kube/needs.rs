@@ -39,7 +39,9 @@ const MAX_NAMES: usize = 4096;
 const MAX_KEY_BUCKETS: usize = 1024;
 /// Records sorted in memory at once: about this many bytes of them.
 const SORT_BYTES: u64 = 4 << 20;
-const MAX_PARTS: u64 = 1024;
+/// Parts sorted one after the other (each an open file meanwhile): 1 GiB of records, about 30
+/// million values, far more than etcd's largest database holds.
+const MAX_PARTS: u64 = 256;
 /// A record: hash (16), main revision (8), sub revision (8), need (2; the top bit: tombstone).
 const RECORD: usize = 34;
 const TOMBSTONE: u16 = 0x8000;
@@ -314,7 +316,12 @@ impl Sink {
             }
             LEAF => {
                 for (flags, key, value) in bolt_stream::leaf_items(bytes).flatten() {
-                    if flags & crate::format::bolt::BUCKET_LEAF != 0 && key == b"key" {
+                    // A bucket's header, with its inline page when it has one (bbolt inlines
+                    // only buckets smaller than a quarter page); a longer value is none.
+                    if flags & crate::format::bolt::BUCKET_LEAF != 0
+                        && key == b"key"
+                        && value.len() <= 16 + (64 << 10)
+                    {
                         if self.key_buckets.len() >= MAX_KEY_BUCKETS {
                             return Err(format!("more than {MAX_KEY_BUCKETS} key buckets"));
                         }
