@@ -102,9 +102,10 @@ def fragment(etcd, live, free):
     fill = "target/release/examples/fill"
     subprocess.run([fill, f"http://{IPS[0]}:2379", str(live), "/live/"], check=True, capture_output=True)
     subprocess.run([fill, f"http://{IPS[0]}:2379", str(free), "/free/"], check=True, capture_output=True)
-    ctl(etcd, IPS[0], "del", "/free/", "--prefix")
+    # Gigabytes take longer than etcdctl's default 5 s to delete and to compact.
+    ctl(etcd, IPS[0], "del", "/free/", "--prefix", "--command-timeout", "600s")
     rev = json.loads(ctl(etcd, IPS[0], "endpoint", "status", "-w", "json"))[0]["Status"]["header"]["revision"]
-    ctl(etcd, IPS[0], "compact", str(rev), "--physical")
+    ctl(etcd, IPS[0], "compact", str(rev), "--physical", "--command-timeout", "600s")
 
 
 def db_sizes():
