@@ -13,11 +13,11 @@ use crate::store::Store;
 
 impl Backup {
     /// `--kube-encryption-config`: the reader that takes a full's bytes as they stream
-    /// (`kube::needs`), its temporary file beside the data dir; `None` without the option.
+    /// (`kube::needs`), its unnamed temporary file in etcd's data dir (writable wherever etcd
+    /// runs, unlike its parent; etcd never sees a file without a name); `None` without the option.
     pub(super) fn key_tap(&self) -> Option<Result<Tap, String>> {
         self.cfg.kube_encryption_config.as_ref()?;
-        let dir = self.cfg.data_dir.parent().unwrap_or(std::path::Path::new("/"));
-        Some(Tap::start(dir))
+        Some(Tap::start(&self.cfg.data_dir))
     }
 
     /// `--kube-encryption-config`: in the background, the key names the full's encrypted values

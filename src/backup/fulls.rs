@@ -106,7 +106,10 @@ impl Backup {
             self.cfg.compression,
             full::FullOptions {
                 outside: outside.clone(),
-                tap: tap.as_ref().and_then(|t| t.as_ref().ok()).map(|t| t.sender()),
+                tap: tap
+                    .as_ref()
+                    .and_then(|t| t.as_ref().ok())
+                    .and_then(|t| t.sender()),
                 ..Default::default()
             },
             &progress,

@@ -86,15 +86,14 @@ pub fn needed_by(value: &[u8]) -> Option<String> {
 
 /// Reads the protobuf fields 1 (key) and 5 (value) of an `mvccpb.KeyValue`.
 pub(crate) fn key_and_value(b: &[u8]) -> Option<(&[u8], &[u8])> {
-    let fields = crate::format::proto::fields(b)?;
-    let bytes = |n: u64| {
-        fields
-            .iter()
-            .rev()
-            .find(|f| f.0 == n && f.1 == 2)
-            .map_or(&[][..], |f| f.3)
-    };
-    Some((bytes(1), bytes(5)))
+    let (mut key, mut value) = (&[][..], &[][..]);
+    // Field by field, holding none: a value of many tiny fields costs its bytes, no more.
+    crate::format::proto::each_field(b, |(n, wire, _, bytes)| match (n, wire) {
+        (1, 2) => key = bytes,
+        (5, 2) => value = bytes,
+        _ => {}
+    })?;
+    Some((key, value))
 }
 
 /// What `run --kube-encryption-config` found for the newest full snapshot (in /status as

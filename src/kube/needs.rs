@@ -9,8 +9,9 @@
 //! its value needs) in an unnamed temporary file; each branch page its children; each `key`
 //! bucket entry its header. At the end, the tree is walked from the meta's root (a bitmap of
 //! pages), and the records of the key bucket's live leaves are sorted by key in parts of bounded
-//! size: the last revision of each key is its newest value. Memory stays a few MiB at any size;
-//! the temporary file takes about 34 bytes per value.
+//! size: the last revision of each key is its newest value. Memory: the page being read and a
+//! part of at most 4 MiB of records (about 5 MiB sorted), at any size; the temporary file takes
+//! about 34 bytes per value, and a file whose records outgrow twice its bytes is refused.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -35,8 +36,10 @@ pub struct Needs {
 const PAGE_CAP: usize = 16 << 20;
 /// More distinct key names than this in one full is no encryption configuration.
 const MAX_NAMES: usize = 4096;
-/// More `key` bucket entries than this (live or stale) is no etcd database.
-const MAX_KEY_BUCKETS: usize = 1024;
+/// The longest key name kept (kube-apiserver's are a few bytes); a longer one is not etcd's shape.
+const MAX_NAME: usize = 256;
+/// The most an inline bucket can hold: bbolt inlines a bucket smaller than a quarter page.
+const MAX_INLINE: usize = 64 << 10 >> 2;
 /// Records sorted in memory at once: about this many bytes of them.
 const SORT_BYTES: u64 = 4 << 20;
 /// Parts sorted one after the other (each an open file meanwhile): 1 GiB of records, about 30
@@ -89,8 +92,13 @@ struct Sink {
     branches: BufWriter<File>,
     /// Per leaf page shaped like the key bucket's: id, record count, records.
     leaves: BufWriter<File>,
-    /// `key` bucket entries: the page they sit in and the bucket's header (with an inline page).
-    key_buckets: Vec<(u64, Vec<u8>)>,
+    /// Per leaf page holding a `key` bucket entry: id, length, the bucket's header (16 bytes, and
+    /// its inline page when it has one).
+    key_buckets: BufWriter<File>,
+    /// Bytes fed and bytes written to the temporary files: real pages leave fewer records than
+    /// they hold, so records outgrowing the bytes are a crafted file's.
+    fed: u64,
+    spilled: u64,
     branch: Bitmap,
     leaf: Bitmap,
     oversized: Bitmap,
@@ -115,7 +123,9 @@ impl NeedsReader {
                 dir: dir.to_owned(),
                 branches: temp()?,
                 leaves: temp()?,
-                key_buckets: Vec::new(),
+                key_buckets: temp()?,
+                fed: 0,
+                spilled: 0,
                 branch: Bitmap::default(),
                 leaf: Bitmap::default(),
                 oversized: Bitmap::default(),
@@ -134,8 +144,13 @@ impl NeedsReader {
             return;
         }
         let sink = &mut self.sink;
+        sink.fed += data.len() as u64;
         if let Err(e) = self.pages.feed(data, |slot| sink.slot(slot)) {
             sink.failed.get_or_insert(e.to_string());
+        }
+        if sink.spilled > 2 * sink.fed + (1 << 20) {
+            sink.failed
+                .get_or_insert("the records outgrow the bytes read: not etcd's pages".into());
         }
     }
 
@@ -171,13 +186,21 @@ impl NeedsReader {
             .copied()
             .ok_or("neither meta page is valid")?;
         let top = walk(&mut branches, root, slots)?;
-        let mut found = key_buckets.iter().filter(|(page, _)| top.get(*page));
-        let (Some((_, header)), None) = (found.next(), found.next()) else {
+        let mut found = Vec::new();
+        let mut key_buckets = finish_spill(key_buckets)?;
+        while let Some(head) = read_exact_or_end::<12>(&mut key_buckets)? {
+            let page = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+            let mut header = vec![0u8; u32::from_le_bytes(head[8..].try_into().expect("4 bytes")) as usize];
+            key_buckets
+                .read_exact(&mut header)
+                .map_err(|e| format!("read the temporary file: {e}"))?;
+            if top.get(page) {
+                found.push(header);
+            }
+        }
+        let [header] = &found[..] else {
             return Err("not one key bucket: not an etcd database".into());
         };
-        if header.len() < 16 {
-            return Err("the key bucket's header is shorter than 16 bytes".into());
-        }
         let key_root = u64::from_le_bytes(header[..8].try_into().expect("8 bytes"));
         let mut needs = Newest::default();
         if key_root == 0 {
@@ -204,7 +227,7 @@ impl NeedsReader {
             by_id[id as usize] = name;
         }
         Ok(Needs {
-            revision: needs.revision as i64,
+            revision: i64::try_from(needs.revision).unwrap_or(i64::MAX),
             needed: needs
                 .counts
                 .into_iter()
@@ -312,21 +335,25 @@ impl Sink {
                         self.scratch.extend_from_slice(&c.to_le_bytes());
                     }
                     self.branches.write_all(&self.scratch).map_err(io)?;
+                    self.spilled += self.scratch.len() as u64;
                 }
             }
             LEAF => {
-                for (flags, key, value) in bolt_stream::leaf_items(bytes).flatten() {
-                    // A bucket's header, with its inline page when it has one (bbolt inlines
-                    // only buckets smaller than a quarter page); a longer value is none.
-                    if flags & crate::format::bolt::BUCKET_LEAF != 0
-                        && key == b"key"
-                        && value.len() <= 16 + (64 << 10)
-                    {
-                        if self.key_buckets.len() >= MAX_KEY_BUCKETS {
-                            return Err(format!("more than {MAX_KEY_BUCKETS} key buckets"));
-                        }
-                        self.key_buckets.push((id, value.to_vec()));
-                    }
+                let bucket = bolt_stream::leaf_items(bytes)
+                    .flatten()
+                    .find(|(flags, key, value)| {
+                        flags & crate::format::bolt::BUCKET_LEAF != 0 && *key == b"key" && value.len() >= 16
+                    });
+                if let Some((_, _, value)) = bucket {
+                    // The header, and the inline page only when the bucket is inline.
+                    let inline = value[..8] == [0; 8] && value.len() <= 16 + MAX_INLINE;
+                    let kept = if inline { value } else { &value[..16] };
+                    self.key_buckets.write_all(&id.to_le_bytes()).map_err(io)?;
+                    self.key_buckets
+                        .write_all(&(kept.len() as u32).to_le_bytes())
+                        .map_err(io)?;
+                    self.key_buckets.write_all(kept).map_err(io)?;
+                    self.spilled += 12 + kept.len() as u64;
                 }
                 if let Some(records) = self.records(bytes) {
                     if records.iter().any(|r| r.need == TOO_MANY) {
@@ -341,6 +368,7 @@ impl Sink {
                         r.encode(&mut out);
                     }
                     let written = self.leaves.write_all(&out).map_err(io);
+                    self.spilled += out.len() as u64;
                     self.scratch = out;
                     written?;
                 }
@@ -364,8 +392,16 @@ fn records_of(
 ) -> Option<Vec<Record>> {
     {
         let mut out = Vec::new();
+        // Each element's key and value after the one before, as bbolt writes them: no byte is
+        // read twice, however the elements point.
+        let mut after = 0usize;
         for item in bolt_stream::leaf_items(page) {
             let (flags, rev, kv) = item?;
+            let at = rev.as_ptr() as usize - page.as_ptr() as usize;
+            if at < after {
+                return None;
+            }
+            after = at + rev.len() + kv.len();
             let tombstone = match rev.len() {
                 17 => false,
                 18 if rev[17] == b't' => true,
@@ -379,6 +415,9 @@ fn records_of(
             if tombstone {
                 need = TOMBSTONE;
             } else if let Some(name) = needed_by(value) {
+                if name.len() > MAX_NAME {
+                    return None;
+                }
                 need = match names.get(&name) {
                     Some(id) => *id,
                     None if names.len() >= MAX_NAMES => TOO_MANY,
@@ -448,7 +487,7 @@ impl Newest {
         let mut files = Vec::new();
         for _ in 0..parts {
             let f = tempfile::tempfile_in(dir).map_err(io)?;
-            files.push(BufWriter::with_capacity(64 << 10, f));
+            files.push(BufWriter::with_capacity(16 << 10, f));
         }
         each_block(leaves, |page, _, records| {
             if live.get(page) {
@@ -515,10 +554,13 @@ pub fn needed_in_file(path: &Path) -> Result<Needs, String> {
     reader.finish()
 }
 
-/// A [`NeedsReader`] on its own thread, fed by a full as it streams (`FullOptions::tap`).
+/// A [`NeedsReader`] on its own thread, fed by a full as it streams (`FullOptions::tap`). Dropped
+/// without [`Tap::finish`] (the full failed), its thread stops at the end of the bytes sent
+/// without reading them further.
 pub struct Tap {
-    tx: tokio::sync::mpsc::Sender<bytes::Bytes>,
-    reader: std::thread::JoinHandle<Result<Needs, String>>,
+    tx: Option<tokio::sync::mpsc::Sender<bytes::Bytes>>,
+    reader: Option<std::thread::JoinHandle<Result<Needs, String>>>,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Tap {
@@ -527,30 +569,47 @@ impl Tap {
         let mut needs = NeedsReader::new(dir)?;
         // A few etcd messages of 32 KiB: the reader keeps pace with compression easily.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(64);
+        let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = dropped.clone();
         let reader = std::thread::Builder::new()
             .name("key-check".into())
             .spawn(move || {
                 while let Some(b) = rx.blocking_recv() {
                     needs.feed(&b);
                 }
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Err("the full was not taken".into());
+                }
                 needs.finish()
             })
             .map_err(|e| format!("start the key check's thread: {e}"))?;
-        Ok(Self { tx, reader })
+        Ok(Self {
+            tx: Some(tx),
+            reader: Some(reader),
+            dropped,
+        })
     }
 
-    pub fn sender(&self) -> tokio::sync::mpsc::Sender<bytes::Bytes> {
+    pub fn sender(&self) -> Option<tokio::sync::mpsc::Sender<bytes::Bytes>> {
         self.tx.clone()
     }
 
     /// What the bytes sent said, once every sender is gone.
-    pub async fn finish(self) -> Result<Needs, String> {
-        let Self { tx, reader } = self;
-        drop(tx);
+    pub async fn finish(mut self) -> Result<Needs, String> {
+        drop(self.tx.take());
+        let reader = self.reader.take().ok_or("the key check's thread is gone")?;
         tokio::task::spawn_blocking(move || reader.join())
             .await
             .map_err(|e| format!("the key check's thread: {e}"))?
             .map_err(|_| "the key check's thread panicked".to_owned())?
+    }
+}
+
+impl Drop for Tap {
+    fn drop(&mut self) {
+        if self.reader.is_some() {
+            self.dropped.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
 
@@ -734,6 +793,53 @@ mod tests {
         std::fs::create_dir(&empty).unwrap();
         let path = db(&empty, Vec::new(), None);
         assert_eq!(needed_in_file(&path).unwrap().needed, BTreeMap::new());
+    }
+
+    #[test]
+    fn stale_copies_of_the_root_leaf_do_not_count() {
+        // etcd rewrites the root leaf at nearly every commit; the old copies stay as free pages.
+        let dir = tempfile::tempdir().unwrap();
+        let (items, needed) = history(200, 600, 10, 4);
+        let path = dir.path().join("db");
+        let mut f = BoltFile::create(&path, 4096).unwrap();
+        for _ in 0..1500 {
+            f.write_tree(vec![(BUCKET_LEAF, b"key".to_vec(), BucketValue::encode(2, 0))])
+                .unwrap();
+        }
+        let key = f.write_tree(items).unwrap();
+        f.commit(vec![(BUCKET_LEAF, b"key".to_vec(), BucketValue::encode(key, 0))])
+            .unwrap();
+        assert_eq!(needed_in_file(&path).unwrap().needed, needed);
+    }
+
+    #[test]
+    fn elements_that_point_at_the_same_bytes_are_no_key_leaf() {
+        let (rev, value) = (rev_key(5, 0, false), kv(b"/a", 5, Some(b"k8s:enc:aescbc:v1:k:x")));
+        let page = |second_at: u32| {
+            let mut p = vec![0u8; 16];
+            p[8..10].copy_from_slice(&LEAF.to_le_bytes());
+            p[10..12].copy_from_slice(&2u16.to_le_bytes());
+            let data = 16 + 2 * 16;
+            for (i, pos) in [data as u32, second_at].into_iter().enumerate() {
+                let e = 16 + i * 16;
+                p.extend_from_slice(&0u32.to_le_bytes());
+                p.extend_from_slice(&(pos - e as u32).to_le_bytes());
+                p.extend_from_slice(&(rev.len() as u32).to_le_bytes());
+                p.extend_from_slice(&(value.len() as u32).to_le_bytes());
+            }
+            p.extend_from_slice(&rev);
+            p.extend_from_slice(&value);
+            p.extend_from_slice(&rev);
+            p.extend_from_slice(&value);
+            p
+        };
+        let (mut names, hashers) = (HashMap::new(), Default::default());
+        let after = (16 + 2 * 16 + rev.len() + value.len()) as u32;
+        assert_eq!(
+            records_of(&page(after), &mut names, &hashers).map(|r| r.len()),
+            Some(2)
+        );
+        assert!(records_of(&page(16 + 2 * 16), &mut names, &hashers).is_none());
     }
 
     #[test]

@@ -169,6 +169,7 @@ impl DeltaBuffer {
     /// Puts a failed upload back in front of what arrived since.
     pub fn restore(&mut self, p: PendingDelta) {
         let mut bytes = p.raw;
+        bytes.reserve_exact(self.bytes.len());
         bytes.extend_from_slice(&self.bytes);
         self.bytes = bytes;
         self.first = Some(p.first);

@@ -117,6 +117,9 @@ pub struct FullOptions {
     pub tap: Option<tokio::sync::mpsc::Sender<bytes::Bytes>>,
 }
 
+/// How long the stream waits for a tap to take a message.
+const TAP_WAIT: Duration = Duration::from_secs(1);
+
 /// Takes one full snapshot of the etcd behind `client` into `store`.
 pub async fn take_full(
     client: &mut Client,
@@ -179,8 +182,13 @@ pub async fn take_full(
         let chunks = async_stream_of(&mut stream);
         let mut chunks = std::pin::pin!(chunks);
         while let Some(c) = futures_util::StreamExt::next(&mut chunks).await {
+            // A tap that cannot keep up within a second is let go (its check then reads etcd):
+            // it never holds the full, nor etcd's read transaction, longer than that.
             if let (Some(t), Ok(b)) = (&tap, &c)
-                && t.send(b.clone()).await.is_err()
+                && !matches!(
+                    tokio::time::timeout(TAP_WAIT, t.send(b.clone())).await,
+                    Ok(Ok(()))
+                )
             {
                 tap = None;
             }
