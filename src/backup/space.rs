@@ -216,16 +216,21 @@ impl Backup {
             // disarms). Repairing now would defragment members
             // under it a second time, overlapping its defragmentation. It gets a grace; if it
             // died instead, this writer repairs once the grace is over.
-            if self.cfg.cluster
-                && sample.db_size < sample.quota / 2
-                && self.writer_since.elapsed() < TAKEOVER_GRACE
-            {
-                tracing::debug!(
-                    db_size = sample.db_size,
-                    quota = sample.quota,
-                    "NOSPACE raised while this member is under half the quota, just after taking over: leaving the repair to the previous writer for now"
-                );
-                return false;
+            if self.cfg.cluster && self.writer_since.elapsed() < TAKEOVER_GRACE {
+                // The size asked now: the health sample can predate the previous writer's
+                // defragmentation of this member (etcd answers nothing while it defragments, and
+                // the sample is held through it), which made two writers repair at once.
+                let Ok(status) = client.status().await else {
+                    return false;
+                };
+                if status.db_size() < sample.quota / 2 {
+                    tracing::debug!(
+                        db_size = status.db_size(),
+                        quota = sample.quota,
+                        "NOSPACE raised while this member is under half the quota, just after taking over: leaving the repair to the previous writer for now"
+                    );
+                    return false;
+                }
             }
             return self.repair_nospace(client, store, buf, sample).await;
         }

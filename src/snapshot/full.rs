@@ -117,8 +117,10 @@ pub struct FullOptions {
     pub tap: Option<tokio::sync::mpsc::Sender<bytes::Bytes>>,
 }
 
-/// How long the stream waits for a tap to take a message.
-const TAP_WAIT: Duration = Duration::from_secs(1);
+/// How long the stream waits for a tap to take a message: long enough for a write of its
+/// temporary file held up by the disk's writeback (the store may be on the same disk), short
+/// beside a full.
+const TAP_WAIT: Duration = Duration::from_secs(5);
 
 /// Takes one full snapshot of the etcd behind `client` into `store`.
 pub async fn take_full(
@@ -182,8 +184,8 @@ pub async fn take_full(
         let chunks = async_stream_of(&mut stream);
         let mut chunks = std::pin::pin!(chunks);
         while let Some(c) = futures_util::StreamExt::next(&mut chunks).await {
-            // A tap that cannot keep up within a second is let go (its check then reads etcd):
-            // it never holds the full, nor etcd's read transaction, longer than that.
+            // A tap that does not take a message within TAP_WAIT is let go (its check then reads
+            // etcd): it never holds the full, nor etcd's read transaction, longer than that.
             if let (Some(t), Ok(b)) = (&tap, &c)
                 && !matches!(
                     tokio::time::timeout(TAP_WAIT, t.send(b.clone())).await,
