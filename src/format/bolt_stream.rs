@@ -126,14 +126,21 @@ impl PageStream {
     }
 }
 
-/// The elements of a leaf page as (flags, key, value); `None` for one that points outside it.
-pub fn leaf_items(page: &[u8]) -> impl Iterator<Item = Option<(u32, &[u8], &[u8])>> {
+/// A page's elements: each one's offset in the page and its 16 bytes; `None` for one past the page.
+fn elements(page: &[u8]) -> impl Iterator<Item = Option<(usize, &[u8])>> {
     let count = page
         .get(10..12)
         .map_or(0, |c| u16::from_le_bytes([c[0], c[1]]) as usize);
     (0..count).map(move |i| {
         let e = PAGE_HEADER + i * ELEMENT;
-        let h = page.get(e..e + ELEMENT)?;
+        Some((e, page.get(e..e + ELEMENT)?))
+    })
+}
+
+/// The elements of a leaf page as (flags, key, value); `None` for one that points outside it.
+pub fn leaf_items(page: &[u8]) -> impl Iterator<Item = Option<(u32, &[u8], &[u8])>> {
+    elements(page).map(move |el| {
+        let (e, h) = el?;
         let word = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().expect("4 bytes")) as usize;
         let (flags, pos, ks, vs) = (word(0) as u32, word(4), word(8), word(12));
         let k = e.checked_add(pos)?;
@@ -144,12 +151,8 @@ pub fn leaf_items(page: &[u8]) -> impl Iterator<Item = Option<(u32, &[u8], &[u8]
 
 /// The child pages of a branch page; `None` for an element outside it.
 pub fn branch_children(page: &[u8]) -> impl Iterator<Item = Option<u64>> {
-    let count = page
-        .get(10..12)
-        .map_or(0, |c| u16::from_le_bytes([c[0], c[1]]) as usize);
-    (0..count).map(move |i| {
-        let e = PAGE_HEADER + i * ELEMENT;
-        let h = page.get(e..e + ELEMENT)?;
+    elements(page).map(|el| {
+        let (_, h) = el?;
         Some(u64::from_le_bytes(h[8..16].try_into().expect("8 bytes")))
     })
 }
