@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::kube::{Kube, TOKEN, UP};
+use common::kube::{Kube, TOKEN, UP, encryption_config};
 use common::*;
 use nix::sys::signal::Signal;
 
@@ -473,25 +473,6 @@ fn kube_apiserver_recovers_from_a_cluster_restore_without_a_restart() {
         "a watch from resourceVersion {listed} was not told 410 Gone: {events:?}"
     );
     stop_all(&mut wardens);
-}
-
-/// An EncryptionConfiguration for Secrets with these aescbc keys (the first encrypts), identity last.
-fn encryption_config(path: &Path, keys: &[&str]) {
-    let keys: String = keys
-        .iter()
-        .map(|k| {
-            let secret =
-                base64::Engine::encode(&base64::engine::general_purpose::STANDARD, format!("{k:-<32}"));
-            format!("      - name: {k}\n        secret: {secret}\n")
-        })
-        .collect();
-    std::fs::write(
-        path,
-        format!(
-            "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n  - aescbc:\n      keys:\n{keys}  - identity: {{}}\n"
-        ),
-    )
-    .unwrap();
 }
 
 /// Secrets encrypted at rest by kube-apiserver with key1, then, after a key rotation, with key2.

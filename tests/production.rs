@@ -1143,3 +1143,135 @@ fn a_lease_granted_used_and_revoked_within_one_period_stays_revoked_in_a_restore
         "the revoked lease came back: {leases}"
     );
 }
+
+#[test]
+fn with_auth_on_the_encryption_key_check_reads_each_full_as_it_streams() {
+    key_check_with_auth(&default_etcd());
+}
+
+#[test]
+fn etcd_3_7_with_auth_on_the_encryption_key_check_reads_each_full_as_it_streams() {
+    key_check_with_auth(&etcd37());
+}
+
+/// `--kube-encryption-config` on a member configured by `ETCD_*` variables, TLS with client
+/// certificates, etcd auth on: the check of each full reads that full's own bytes as they stream
+/// (no `note`, so etcd was not asked), its counts equal what etcdctl reads from etcd at that
+/// revision, a key the warden's copy lacks makes backups unhealthy and never etcd unready, and
+/// `backups verify` says the same of the stored full.
+fn key_check_with_auth(etcd: &Path) {
+    let ctl = etcdctl_for(etcd);
+    let (dir, prod, data, store) = one_member();
+    let wardens_copy = dir.path().join("encryption.yaml");
+    let both = dir.path().join("key2-key1.yaml");
+    common::kube::encryption_config(&wardens_copy, &["key1"]);
+    common::kube::encryption_config(&both, &["key2", "key1"]);
+    let w = start(
+        etcd,
+        &prod,
+        &data,
+        &store,
+        &[
+            "--delta-snapshot-period",
+            "200ms",
+            "--kube-encryption-config",
+            wardens_copy.to_str().unwrap(),
+        ],
+    );
+    w.wait_ready(START);
+    enable_auth_and_back_it_up(&w, &prod, &ctl);
+    // 300 secrets under key1, 120 of them rewritten under key2, 40 of those deleted, plain
+    // configmaps beside them: what a full needs is each key's newest value only.
+    rt().block_on(async {
+        let mut c = prod.client().await.expect("connect as root over TLS");
+        for i in 0..300 {
+            let value = format!("k8s:enc:aescbc:v1:key1:{i}");
+            c.put(format!("/registry/secrets/shop/s{i:03}"), value, None)
+                .await
+                .expect("put acknowledged");
+            c.put(format!("/registry/configmaps/shop/c{i:03}"), "k8s\0plain", None)
+                .await
+                .expect("put acknowledged");
+        }
+        for i in 0..120 {
+            let value = format!("k8s:enc:aescbc:v1:key2:{i}");
+            c.put(format!("/registry/secrets/shop/s{i:03}"), value, None)
+                .await
+                .expect("put acknowledged");
+        }
+        for i in 0..40 {
+            c.delete(format!("/registry/secrets/shop/s{i:03}"), None)
+                .await
+                .expect("delete acknowledged");
+        }
+    });
+    let before = w.status()["backup"]["fulls_total"].as_u64().unwrap_or(0);
+    w.signal(Signal::SIGUSR1);
+    let b = wait_for("the key check of a full after the writes", START, || {
+        let s = w.status();
+        let full = s["backup"]["last_full"]["key"].as_str()?.to_owned();
+        (s["backup"]["fulls_total"].as_u64() > Some(before)
+            && s["backup"]["kube_keys"]["full"].as_str() == Some(full.as_str()))
+        .then(|| s["backup"].clone())
+    });
+    // What etcd holds, by etcd's own tool as root, at the revision the check read.
+    let revision = b["kube_keys"]["checked_revision"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no checked revision: {b}"));
+    let out = prod
+        .etcdctl(
+            &ctl,
+            true,
+            &["get", "/", "--prefix", "-w", "json", &format!("--rev={revision}")],
+        )
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let mut truth = serde_json::Map::new();
+    for kv in v["kvs"].as_array().unwrap() {
+        let value = base64::Engine::decode(
+            &base64::engine::general_purpose::STANDARD,
+            kv["value"].as_str().unwrap(),
+        )
+        .unwrap();
+        let text = String::from_utf8_lossy(&value);
+        if let Some(rest) = text.strip_prefix("k8s:enc:aescbc:v1:") {
+            let name = format!("aescbc:{}", rest.split(':').next().unwrap());
+            let n = truth.get(&name).and_then(|n| n.as_u64()).unwrap_or(0);
+            truth.insert(name, (n + 1).into());
+        }
+    }
+    assert_eq!(
+        serde_json::Value::Object(truth.clone()),
+        serde_json::json!({"aescbc:key1": 180, "aescbc:key2": 80}),
+        "etcdctl's count at revision {revision}"
+    );
+    assert_eq!(b["kube_keys"]["needed"], serde_json::Value::Object(truth), "{b}");
+    assert_eq!(
+        b["kube_keys"]["note"],
+        serde_json::Value::Null,
+        "read from the full's own bytes as they streamed, not from etcd: {b}"
+    );
+    assert_eq!(
+        b["kube_keys"]["missing"],
+        serde_json::json!(["aescbc:key2"]),
+        "{b}"
+    );
+    assert_eq!(b["healthy"], false, "{b}");
+    assert_eq!(
+        w.get("/readyz").map(|(code, _)| code),
+        Some(200),
+        "a backup problem never makes etcd unready"
+    );
+    let out = std::process::Command::new(WARDEN)
+        .args(["backups", "verify", "--store", &store, "--kube-encryption-config"])
+        .arg(&both)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("needs aescbc:key1 (180), aescbc:key2 (80): all in"),
+        "{text}"
+    );
+    assert_no_chain_break(&w);
+}

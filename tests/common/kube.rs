@@ -217,3 +217,22 @@ impl Kube {
         .unwrap();
     }
 }
+
+/// An EncryptionConfiguration for Secrets with these aescbc keys (the first encrypts), identity last.
+pub fn encryption_config(path: &Path, keys: &[&str]) {
+    let keys: String = keys
+        .iter()
+        .map(|k| {
+            let secret =
+                base64::Engine::encode(&base64::engine::general_purpose::STANDARD, format!("{k:-<32}"));
+            format!("      - name: {k}\n        secret: {secret}\n")
+        })
+        .collect();
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n- resources: [secrets]\n  providers:\n  - aescbc:\n      keys:\n{keys}  - identity: {{}}\n"
+        ),
+    )
+    .unwrap();
+}
