@@ -611,6 +611,80 @@ fn the_writer_defragments_followers_one_at_a_time_and_itself_last() {
     drop(wardens);
 }
 
+/// HashKV holds a member's writes back while it reads the whole database (5.7 s at 7.6 GiB,
+/// bench/drill.py), so a restore drill compares its restore with a follower's HashKV, never the
+/// leader's: the cluster's writes go on. Judged by etcd's own count of HashKV requests
+/// (`etcd_mvcc_hash_rev_duration_seconds_count` on each member's metrics listener).
+#[test]
+fn restore_drills_compare_with_a_followers_hashkv_and_never_hold_the_leaders_writes() {
+    let etcd = default_etcd();
+    let ctl = etcdctl_for(&etcd);
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let mut wardens = start_members_with(
+        &etcd,
+        dir.path(),
+        &store,
+        &ips,
+        "m",
+        "warden-drill",
+        &["--verify-schedule", "*/5 * * * * *"],
+    );
+    let writer = the_writer(&wardens);
+    let leader = || {
+        let out = etcdctl(&ctl, &ips[0], &["endpoint", "status", "-w", "json"]).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let id = v[0]["Status"]["leader"].as_u64().unwrap();
+        member_ids(&ctl, &ips[0])
+            .into_iter()
+            .find(|(_, m)| *m == id)
+            .map(|(name, _)| name)
+            .unwrap()
+    };
+    let leader_before = leader();
+    for i in 0..20 {
+        etcdctl(&ctl, &ips[writer], &["put", &format!("k{i}"), "v"]).unwrap();
+    }
+    let hashes = |ip: &str| -> u64 {
+        let (_, text) = http_get(&format!("{ip}:2381"), "/metrics").expect("etcd's metrics listener");
+        text.lines()
+            .find_map(|l| l.strip_prefix("etcd_mvcc_hash_rev_duration_seconds_count "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no etcd_mvcc_hash_rev_duration_seconds_count from {ip}"))
+    };
+    // Every warden's drill compared with a live member.
+    let drills: Vec<serde_json::Value> = wardens
+        .iter()
+        .flatten()
+        .map(|w| {
+            wait_for("a restore drill compared with the live cluster", START, || {
+                let d = w.status()["backup"]["restore_drill"].clone();
+                (d["matches_live"] == true).then_some(d)
+            })
+        })
+        .collect();
+    assert_eq!(leader(), leader_before, "leadership moved during the test");
+    for d in &drills {
+        let with = d["compared_with"].as_str().unwrap_or_default();
+        assert!(
+            !with.is_empty() && with != leader_before,
+            "a drill compared with {with:?}, the leader is {leader_before}: {d}"
+        );
+    }
+    let counts: Vec<u64> = ips.iter().map(|ip| hashes(ip)).collect();
+    let leader_i: usize = leader_before.trim_start_matches('m').parse().unwrap();
+    assert_eq!(
+        counts[leader_i], 0,
+        "the leader m{leader_i} answered HashKV: etcd's counts per member {counts:?}"
+    );
+    assert!(
+        counts.iter().sum::<u64>() >= drills.len() as u64,
+        "etcd counted fewer HashKV requests than drills compared: {counts:?}"
+    );
+    stop_all(&mut wardens);
+}
+
 /// The leader cut off for 10 s (its etcd stopped with SIGSTOP, its warden running): the majority
 /// elects a leader whose warden takes over; the old writer can add nothing the majority does not
 /// have; once the old leader is back it follows with no action, and the store restores exactly

@@ -84,7 +84,7 @@ impl Backup {
         // Its own connection: the answer comes only when the defrag is done, far beyond the
         // health timeout that bounds the shared client's requests.
         let mut long = self.cfg.client.clone();
-        long.timeout = Duration::from_secs(1800);
+        long.timeout = crate::etcd::client::WHOLE_DATABASE;
         let result = match long.connect().await {
             Ok(mut c) => c.defragment().await.map(drop).map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
@@ -160,7 +160,7 @@ impl Backup {
         }
         let mut voters = Vec::new();
         for (name, mut cfg, id, learner) in followers {
-            cfg.timeout = Duration::from_secs(1800);
+            cfg.timeout = crate::etcd::client::WHOLE_DATABASE;
             let started = std::time::Instant::now();
             tracing::info!(member = %name, "defragmenting a follower");
             let result = match cfg.connect().await {

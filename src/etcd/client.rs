@@ -32,6 +32,12 @@ pub struct UserAuth {
     pub password_file: PathBuf,
 }
 
+/// How long a request whose answer takes a pass over the whole database may take: a
+/// defragmentation, a HashKV, a physical compaction. At etcd's largest size (8 GiB) they take tens
+/// of seconds to minutes, far beyond the health timeout that bounds every other request, and
+/// etcd gives no answer before the end.
+pub const WHOLE_DATABASE: Duration = Duration::from_secs(1800);
+
 /// Where and how to connect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientConfig {

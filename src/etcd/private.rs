@@ -255,6 +255,16 @@ impl PrivateEtcd {
     }
 
     pub async fn client(&self) -> Result<Client, String> {
+        self.client_within(Duration::from_secs(30)).await
+    }
+
+    /// `client` for requests that read the whole database (HashKV, a physical compaction):
+    /// `client::WHOLE_DATABASE` each.
+    pub async fn long_client(&self) -> Result<Client, String> {
+        self.client_within(super::client::WHOLE_DATABASE).await
+    }
+
+    async fn client_within(&self, timeout: Duration) -> Result<Client, String> {
         let tls = etcd_client::TlsOptions::new()
             .ca_certificate(etcd_client::Certificate::from_pem(&self.tls.ca_pem))
             .identity(etcd_client::Identity::from_pem(
@@ -263,7 +273,7 @@ impl PrivateEtcd {
             ));
         let opts = etcd_client::ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(Duration::from_secs(30))
+            .with_timeout(timeout)
             .with_tls(tls);
         Client::connect([self.endpoint.as_str()], Some(opts))
             .await

@@ -30,6 +30,7 @@ pub async fn open_with_etcd(
                 "etcd opened the restored data at revision {got}; the restore ended at {revision}"
             ));
         }
+        let mut client = private.long_client().await?;
         if let Some(c) = compact_to.filter(|c| *c > 0) {
             // "already compacted" means the restored data's own compaction is at least as new.
             if let Err(e) = client
