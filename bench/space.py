@@ -7,13 +7,15 @@ Each mode gets a fresh cluster under wardens (file store): --live-mib MiB of Kub
 objects kept (what a defragmentation copies) and --free-mib MiB written, deleted and compacted
 (free pages). A prober writes one key every 10 ms through etcd's JSON gateway, trying each member
 in turn (a client with all three endpoints); the figure is the longest gap between two acknowledged
-writes while the defragmentation runs, and the defragmentation's wall time.
+writes from the first member's defragmentation to the last one's end, as etcd logs them (each
+member must log one), and that span's length.
 
 Usage: bench/space.py --etcd PATH [--live-mib 256] [--free-mib 256] [--modes keeper,all]
 (`--modes keeper` skips the all-at-once comparison, for sizes where one cluster's fill is long)
 """
 import argparse
 import base64
+import datetime
 import json
 import os
 import shutil
@@ -27,13 +29,13 @@ IPS = ["127.79.4.1", "127.79.4.2", "127.79.4.3"]
 WARDEN = "target/release/etcd-warden"
 
 
-def poll(what, f, timeout=300):
+def poll(what, f, timeout=300, every=0.05):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         v = f()
         if v:
             return v
-        time.sleep(0.05)
+        time.sleep(every)
     raise SystemExit(f"timed out waiting for {what}")
 
 
@@ -83,7 +85,7 @@ def start_cluster(etcd, d, keeper):
 
 
 def prober(stop, record):
-    """One write every 10 ms; `record` gets the time of each acknowledged write."""
+    """One write every 10 ms; `record` gets the (wall clock) time of each acknowledged write."""
     n = 0
     turn = 0
     while not stop.is_set():
@@ -91,7 +93,7 @@ def prober(stop, record):
             ip = IPS[(turn + k) % 3]
             try:
                 gateway(ip, "/v3/kv/put", {"key": b64(f"probe-{n}"), "value": b64("v")}, 0.3)
-                record.append(time.monotonic())
+                record.append(time.time())
                 break
             except Exception:
                 turn += 1
@@ -109,11 +111,38 @@ def fragment(etcd, live, free):
     ctl(etcd, IPS[0], "compact", str(rev), "--physical", "--command-timeout", "600s")
 
 
-def db_sizes():
+def db_sizes(etcd):
+    """Each member's db size in MiB, as etcd reports it; None from a member that does not answer
+    (etcd answers nothing while it defragments)."""
+    def size(ip):
+        try:
+            return json.loads(ctl(etcd, ip, "endpoint", "status", "-w", "json"))[0]["Status"]["dbSize"] >> 20
+        except subprocess.CalledProcessError:
+            return None
+    return [size(ip) for ip in IPS]
+
+
+def logged(d, i, msg):
+    """The times (epoch seconds) of member i's etcd log lines with this message."""
     out = []
-    for ip in IPS:
-        s = status(ip) or {}
-        out.append((s.get("space") or {}).get("db_size"))
+    with open(os.path.join(d, f"warden{i}.log")) as f:
+        for line in f:
+            if f'"msg":"{msg}"' in line:
+                try:
+                    ts = json.loads(line)["ts"]
+                except (ValueError, KeyError):
+                    continue
+                out.append(datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp())
+    return out
+
+
+def defrags(d, since):
+    """Each member's (start, end) of its last defragmentation begun after `since`, or None."""
+    out = []
+    for i in range(3):
+        starts = [t for t in logged(d, i, "starting defragment") if t >= since]
+        ends = [t for t in logged(d, i, "finished defragment") if starts and t >= starts[-1]]
+        out.append((starts[-1], ends[0]) if starts and ends else None)
     return out
 
 
@@ -121,19 +150,20 @@ def run_mode(etcd, keeper, live, free):
     d = tempfile.mkdtemp(prefix="bench-space-")
     procs = start_cluster(etcd, d, keeper)
     try:
-        fragment(etcd, live, free)
+        before = db_sizes(etcd)
+        # The prober runs from before the compaction: the keeper may start its round at once.
         stop = threading.Event()
         acks = []
         t = threading.Thread(target=prober, args=(stop, acks))
         t.start()
-        time.sleep(1)
-        t0 = time.monotonic()
+        since = time.time()
+        fragment(etcd, live, free)
+        fragmented = db_sizes(etcd)
         if keeper:
-            # The writer's keeper sees free pages above half the file and starts a round.
-            def round_done():
-                logs = [open(os.path.join(d, f"warden{i}.log")).read() for i in range(3)]
-                return any("defragmentation done" in log for log in logs)
-            poll("the space keeper's defragmentation round", round_done, timeout=600)
+            # The writer's keeper sees the free pages and starts a round: every member's etcd
+            # logs a defragmentation begun after the compaction.
+            poll("every member's defragmentation by the space keeper",
+                 lambda: all(defrags(d, since)), timeout=1800, every=1)
         else:
             threads = [threading.Thread(target=ctl, args=(etcd, ip, "defrag", "--command-timeout", "600s"))
                        for ip in IPS]
@@ -141,13 +171,16 @@ def run_mode(etcd, keeper, live, free):
                 th.start()
             for th in threads:
                 th.join()
-        t1 = time.monotonic()
         time.sleep(1)
         stop.set()
         t.join()
-        window = [a for a in acks if t0 - 1 <= a <= t1 + 1]
-        gaps = [b - a for a, b in zip(window, window[1:])]
-        return max(gaps) if gaps else float("inf"), t1 - t0, db_sizes()
+        runs = defrags(d, since)
+        assert all(runs), f"a member logged no defragmentation: {runs}"
+        t0, t1 = min(r[0] for r in runs), max(r[1] for r in runs)
+        edges = [t0, *[a for a in acks if t0 <= a <= t1], t1]
+        gap = max(b - a for a, b in zip(edges, edges[1:]))
+        each = ", ".join(f"m{i} {e - s:.1f} s" for i, (s, e) in enumerate(runs))
+        return gap, t1 - t0, f"db MiB {before} -> {fragmented} -> {db_sizes(etcd)}; each defragmentation {each}"
     finally:
         for p in procs:
             p.terminate()
@@ -168,10 +201,10 @@ def main():
     print(f"space: {a.live_mib} MiB live + {a.free_mib} MiB free pages on three members")
     if "keeper" in res:
         one, one_wall, one_sizes = res["keeper"]
-        print(f"  space keeper (one at a time, leader last): longest write gap {one:.2f} s, round {one_wall:.1f} s, db sizes after {one_sizes}")
+        print(f"  space keeper (one at a time, leader last): longest write gap {one:.2f} s, span {one_wall:.1f} s, {one_sizes}")
     if "all" in res:
         all_, all_wall, all_sizes = res["all"]
-        print(f"  all three at once (etcdctl defrag x3):     longest write gap {all_:.2f} s, round {all_wall:.1f} s, db sizes after {all_sizes}")
+        print(f"  all three at once (etcdctl defrag x3):     longest write gap {all_:.2f} s, span {all_wall:.1f} s, {all_sizes}")
     if len(res) == 2 and res["keeper"][0] > 0:
         print(f"  ratio (all at once / keeper): {res['all'][0] / res['keeper'][0]:.1f}x")
 
