@@ -40,11 +40,12 @@ def poll(what, f, timeout=900, every=0.1):
 
 
 def status():
+    """The warden's /status; {"backup": {}} while it does not answer."""
     try:
         with urllib.request.urlopen(f"http://{IP}:2378/status", timeout=2) as r:
             return json.loads(r.read())
     except Exception:
-        return None
+        return {"backup": {}, "space": {}}
 
 
 def put(n):
@@ -111,6 +112,7 @@ def main():
             "--listen-peer-urls", f"http://{IP}:2380", "--initial-advertise-peer-urls", f"http://{IP}:2380",
             "--initial-cluster", f"m0=http://{IP}:2380", "--quota-backend-bytes", str(8 << 30)]
     w = etcd = None
+    stop = threading.Event()
     try:
         etcd = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         poll("etcd to answer", lambda: health())
@@ -127,14 +129,14 @@ def main():
         w = subprocess.Popen([a.warden, "run", "--listen", f"{IP}:2378", "--store", f"file://{d}/store",
                               "--delta-snapshot-period", "1s", "--verify-schedule", f"{at.minute} {at.hour} * * *",
                               "--", *argv], stdout=log, stderr=subprocess.STDOUT)
-        poll("the warden ready", lambda: (s := status()) and s.get("ready"))
-        poll("the first full", lambda: (s := status()) and s["backup"]["fulls_total"] >= 1)
+        poll("the warden ready", lambda: status().get("ready"))
+        poll("the first full", lambda: (status()["backup"].get("fulls_total") or 0) >= 1)
         full = status()["backup"]["last_full"]
         db = status()["space"]["db_size"] >> 20
         print(f"drill: a {db} MiB database, its full {full['duration_seconds']:.1f} s; the drill at {at:%H:%M} UTC",
               flush=True)
-        stop, acks = threading.Event(), []
-        t = threading.Thread(target=prober, args=(stop, acks))
+        acks = []
+        t = threading.Thread(target=prober, args=(stop, acks), daemon=True)
         t.start()
         start = at.timestamp() - time.time() + time.monotonic()
         if start - time.monotonic() < 20:
@@ -151,7 +153,7 @@ def main():
                 scratch = next((os.path.join(d, n) for n in os.listdir(d) if n.startswith("data.verify-")), None)
             if scratch:
                 peak_disk = max(peak_disk, du(scratch))
-            return (status()["backup"]["restore_drill"]["runs"] or 0) >= 1
+            return ((status()["backup"].get("restore_drill") or {}).get("runs") or 0) >= 1
 
         poll("the drill's verdict", done, timeout=1800, every=0.5)
         took = time.monotonic() - start
@@ -173,6 +175,7 @@ def main():
               f"{before:.2f} s ({len([x for x in acks if start <= x <= start + took])} writes acknowledged "
               f"during it)", flush=True)
     finally:
+        stop.set()
         if etcd is not None and etcd.poll() is None:
             etcd.kill()
             etcd.wait()

@@ -130,9 +130,9 @@ def logged(d, i, msg):
             if f'"msg":"{msg}"' in line:
                 try:
                     ts = json.loads(line)["ts"]
+                    out.append(datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp())
                 except (ValueError, KeyError):
                     continue
-                out.append(datetime.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp())
     return out
 
 
@@ -148,13 +148,13 @@ def defrags(d, since):
 
 def run_mode(etcd, keeper, live, free):
     d = tempfile.mkdtemp(prefix="bench-space-")
+    stop = threading.Event()
     procs = start_cluster(etcd, d, keeper)
     try:
         before = db_sizes(etcd)
         # The prober runs from before the compaction: the keeper may start its round at once.
-        stop = threading.Event()
         acks = []
-        t = threading.Thread(target=prober, args=(stop, acks))
+        t = threading.Thread(target=prober, args=(stop, acks), daemon=True)
         t.start()
         since = time.time()
         fragment(etcd, live, free)
@@ -162,8 +162,8 @@ def run_mode(etcd, keeper, live, free):
         if keeper:
             # The writer's keeper sees the free pages and starts a round: every member's etcd
             # logs a defragmentation begun after the compaction.
-            poll("every member's defragmentation by the space keeper",
-                 lambda: all(defrags(d, since)), timeout=1800, every=1)
+            runs = poll("every member's defragmentation by the space keeper",
+                        lambda: (r := defrags(d, since)) and all(r) and r, timeout=1800, every=1)
         else:
             threads = [threading.Thread(target=ctl, args=(etcd, ip, "defrag", "--command-timeout", "600s"))
                        for ip in IPS]
@@ -171,10 +171,10 @@ def run_mode(etcd, keeper, live, free):
                 th.start()
             for th in threads:
                 th.join()
+            runs = defrags(d, since)
         time.sleep(1)
         stop.set()
         t.join()
-        runs = defrags(d, since)
         assert all(runs), f"a member logged no defragmentation: {runs}"
         t0, t1 = min(r[0] for r in runs), max(r[1] for r in runs)
         edges = [t0, *[a for a in acks if t0 <= a <= t1], t1]
@@ -182,10 +182,15 @@ def run_mode(etcd, keeper, live, free):
         each = ", ".join(f"m{i} {e - s:.1f} s" for i, (s, e) in enumerate(runs))
         return gap, t1 - t0, f"db MiB {before} -> {fragmented} -> {db_sizes(etcd)}; each defragmentation {each}"
     finally:
+        stop.set()
         for p in procs:
             p.terminate()
         for p in procs:
-            p.wait(timeout=60)
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
         shutil.rmtree(d, ignore_errors=True)
 
 

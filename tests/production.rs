@@ -1182,7 +1182,7 @@ fn key_check_with_auth(etcd: &Path) {
     enable_auth_and_back_it_up(&w, &prod, &ctl);
     // 300 secrets under key1, 120 of them rewritten under key2, 40 of those deleted, plain
     // configmaps beside them: what a full needs is each key's newest value only.
-    rt().block_on(async {
+    let written = rt().block_on(async {
         let mut c = prod.client().await.expect("connect as root over TLS");
         for i in 0..300 {
             let value = format!("k8s:enc:aescbc:v1:key1:{i}");
@@ -1199,20 +1199,26 @@ fn key_check_with_auth(etcd: &Path) {
                 .await
                 .expect("put acknowledged");
         }
+        let mut last = 0;
         for i in 0..40 {
-            c.delete(format!("/registry/secrets/shop/s{i:03}"), None)
+            last = c
+                .delete(format!("/registry/secrets/shop/s{i:03}"), None)
                 .await
-                .expect("delete acknowledged");
+                .expect("delete acknowledged")
+                .header()
+                .unwrap()
+                .revision();
         }
+        last
     });
-    let before = w.status()["backup"]["fulls_total"].as_u64().unwrap_or(0);
     w.signal(Signal::SIGUSR1);
+    // The check of a full that holds every write above (a full begun during them holds less).
     let b = wait_for("the key check of a full after the writes", START, || {
         let s = w.status();
         let full = s["backup"]["last_full"]["key"].as_str()?.to_owned();
-        (s["backup"]["fulls_total"].as_u64() > Some(before)
-            && s["backup"]["kube_keys"]["full"].as_str() == Some(full.as_str()))
-        .then(|| s["backup"].clone())
+        let keys = &s["backup"]["kube_keys"];
+        (keys["full"].as_str() == Some(full.as_str()) && keys["checked_revision"].as_i64() >= Some(written))
+            .then(|| s["backup"].clone())
     });
     // What etcd holds, by etcd's own tool as root, at the revision the check read.
     let revision = b["kube_keys"]["checked_revision"]

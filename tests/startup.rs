@@ -212,6 +212,18 @@ fn scheduled_restore_drill_exports_its_last_success() {
     let s = Setup::new(default_etcd());
     let mut argv = vec![s.etcd.display().to_string()];
     argv.extend(etcd_args(&s.ip, &s.data()));
+    // A drill cut short by a stop left its scratch dir (up to a whole database): removed when the
+    // drills start. Names the warden does not give, and a link to a directory elsewhere, stay.
+    let scratch = |suffix: &str| s.dir.path().join(format!("data.verify-{suffix}"));
+    let left = scratch("20261129T163000123Z");
+    std::fs::create_dir_all(left.join("data/member/snap")).unwrap();
+    std::fs::write(left.join("data/member/snap/db"), b"half a restore").unwrap();
+    let other = scratch("mine");
+    std::fs::create_dir_all(&other).unwrap();
+    let elsewhere = s.dir.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    std::fs::write(elsewhere.join("keep"), b"x").unwrap();
+    std::os::unix::fs::symlink(&elsewhere, scratch("20261129T163000124Z")).unwrap();
     let mut w = Warden::start(
         &s.ip,
         &[
@@ -225,6 +237,14 @@ fn scheduled_restore_drill_exports_its_last_success() {
         &argv,
     );
     w.wait_ready(START);
+    wait_for("the stale scratch dir removed", START, || {
+        (!left.exists()).then_some(())
+    });
+    assert!(other.is_dir(), "a directory the warden did not name was removed");
+    assert!(
+        elsewhere.join("keep").is_file() && scratch("20261129T163000124Z").is_symlink(),
+        "a link to a directory elsewhere was followed or removed"
+    );
     for i in 0..5 {
         etcdctl(&s.ctl, &s.ip, &["put", &format!("d{i}"), "v"]).unwrap();
     }
@@ -274,6 +294,9 @@ fn scheduled_restore_drill_exports_its_last_success() {
         "{metrics}"
     );
     assert_eq!(w.get("/readyz").unwrap().0, 200);
+    // The planted names the warden left alone, so that only its own would remain below.
+    std::fs::remove_dir(&other).unwrap();
+    std::fs::remove_file(scratch("20261129T163000124Z")).unwrap();
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
     assert!(

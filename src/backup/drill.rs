@@ -31,6 +31,8 @@ pub struct DrillConfig {
     pub client: ClientConfig,
 }
 
+/// The last drill's outcome. A drill that failed sets `last_error` and leaves the other fields as
+/// the last one that got as far as a verdict left them (they describe `last_revision`).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct DrillStatus {
     #[serde(with = "crate::telemetry::opt_unix_seconds")]
@@ -62,6 +64,7 @@ pub async fn run(
     let data = std::env::current_dir()
         .unwrap_or_else(|_| PathBuf::from("/"))
         .join(&cfg.data_dir);
+    remove_stale_scratch(&data);
     loop {
         let now = chrono::Utc::now();
         let Ok(next) = cfg.schedule.find_next_occurrence(&now, false) else {
@@ -95,7 +98,10 @@ pub async fn run(
                     report.skipped
                 ));
             }
-            let (live, compared_with, not_compared) = match live_hash(&cfg.client, report.revision).await {
+            let (live, compared_with, not_compared) = match tokio::select! {
+                _ = cancel.cancelled() => return Err("cancelled".to_owned()),
+                r = live_hash(&cfg.client, report.revision) => r,
+            } {
                 Ok((hash, compacted, member)) => (Some((hash, compacted)), Some(member), None),
                 Err(why) => (None, None, Some(why)),
             };
@@ -136,9 +142,11 @@ pub async fn run(
                     s.matches_live = Some(false);
                     s.compared_with.clone_from(with);
                     s.not_compared = None;
+                    s.last_seconds = Some(r.seconds);
                     s.last_error = Some(format!(
-                        "the restored data's HashKV at revision {} is {hash}, not the live etcd's: the backups do not reproduce this cluster",
-                        r.revision
+                        "the restored data's HashKV at revision {} is {hash}, not live member {}'s: the backups do not reproduce this cluster",
+                        r.revision,
+                        with.as_deref().unwrap_or("?")
                     ));
                 }
                 Ok((r, hash, compared, (with, not_compared))) => {
@@ -164,6 +172,37 @@ pub async fn run(
                 }
             }
         });
+    }
+}
+
+/// Scratch dirs of drills cut short (the warden stopped in the middle of one): each holds up to a
+/// whole database beside the data dir. Only directories named as `run` names them are removed.
+fn remove_stale_scratch(data: &std::path::Path) {
+    let (Some(parent), Some(name)) = (data.parent(), data.file_name()) else {
+        return;
+    };
+    let prefix = format!("{}.verify-", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let file_name = e.file_name();
+        let Some(stamp) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        if crate::store::layout::parse_time(stamp).is_none()
+            || !std::fs::symlink_metadata(e.path()).is_ok_and(|m| m.is_dir())
+        {
+            continue;
+        }
+        match std::fs::remove_dir_all(e.path()) {
+            Ok(()) => {
+                tracing::info!(path = %e.path().display(), "removed a restore drill's scratch dir left by a stop in its middle")
+            }
+            Err(err) => {
+                tracing::warn!(path = %e.path().display(), error = %err, "cannot remove a restore drill's scratch dir")
+            }
+        }
     }
 }
 

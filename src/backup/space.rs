@@ -122,6 +122,17 @@ impl Backup {
         moved
     }
 
+    /// `keeper::compact_to(r, physical)` on a connection of its own with the `WHOLE_DATABASE`
+    /// timeout; on `client` when that connection cannot be made.
+    async fn physical_compaction(&self, client: &mut Client, r: i64) -> Result<Option<i64>, String> {
+        let mut long = self.cfg.client.clone();
+        long.timeout = crate::etcd::client::WHOLE_DATABASE;
+        match long.connect().await {
+            Ok(mut c) => crate::space::keeper::compact_to(&mut c, r, true).await,
+            Err(_) => crate::space::keeper::compact_to(client, r, true).await,
+        }
+    }
+
     /// The followers' part of a cluster's defragmentation: the voters defragmented; `None` when it
     /// did not happen (a member unhealthy or unreachable, or a defrag failed), and the leader's own
     /// is then skipped too.
@@ -301,7 +312,9 @@ impl Backup {
         self.flush(store, buf).await;
         let backed_up = self.status.borrow().backed_up_revision;
         let compacted_to = match backed_up {
-            Some(r) => match crate::space::keeper::compact_to(client, r, true).await {
+            // A physical compaction answers when etcd has removed the history: at gigabytes, far
+            // beyond the health timeout of the shared client.
+            Some(r) => match self.physical_compaction(client, r).await {
                 Ok(done) => {
                     self.history.compacted(r);
                     done

@@ -38,6 +38,10 @@ pub struct UserAuth {
 /// etcd gives no answer before the end.
 pub const WHOLE_DATABASE: Duration = Duration::from_secs(1800);
 
+/// The longest a connection (and each keep-alive ping on it) may take, whatever a request's
+/// timeout: a frozen member is given up on within seconds, not at the end of a long request's.
+const CONNECT_AT_MOST: Duration = Duration::from_secs(30);
+
 /// Where and how to connect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientConfig {
@@ -131,11 +135,15 @@ impl ClientConfig {
         Ok(password.trim_end_matches(['\n', '\r']).to_owned())
     }
 
+    /// `timeout` bounds each request; the connection and its keep-alive answer within it too, but
+    /// never more than `CONNECT_AT_MOST`: a member that stops answering is given up on in seconds
+    /// even under a `WHOLE_DATABASE` request.
     fn options(&self) -> Result<ConnectOptions, ClientError> {
+        let connect = self.timeout.min(CONNECT_AT_MOST);
         let mut options = ConnectOptions::new()
-            .with_connect_timeout(self.timeout)
+            .with_connect_timeout(connect)
             .with_timeout(self.timeout)
-            .with_keep_alive(Duration::from_secs(10), self.timeout);
+            .with_keep_alive(Duration::from_secs(10), connect);
         if let Some(t) = self.tls_config()? {
             options = options.with_tls(t);
         }

@@ -397,7 +397,8 @@ pub fn format_time(ms: u64) -> String {
     s.chars().filter(|c| !matches!(c, '-' | ':' | '.')).collect()
 }
 
-fn parse_time(s: &str) -> Option<u64> {
+/// Unix milliseconds from `format_time`'s form; `None` for anything else.
+pub fn parse_time(s: &str) -> Option<u64> {
     // 20261129T163000123Z → 2026-11-29T16:30:00.123Z
     // Total: any name from the store is checked byte by byte before it is sliced (a multi-byte
     // character would otherwise put a slice off a character boundary and abort the warden).
