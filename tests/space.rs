@@ -316,7 +316,7 @@ fn external_compaction_under_steady_writes_keeps_the_chain_and_every_write() {
 /// has every acknowledged write; the old revisions are really gone from etcd.
 #[test]
 fn the_history_window_compacts_a_thousand_times_under_writes_without_breaking_the_chain() {
-    use common::cluster::writer;
+    use common::cluster::paced_writer;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     let dir = tempfile::tempdir().unwrap();
@@ -343,7 +343,10 @@ fn the_history_window_compacts_a_thousand_times_under_writes_without_breaking_th
     );
     w.wait_ready(START);
     let stop = Arc::new(AtomicBool::new(false));
-    let writes = writer(ip.clone(), stop.clone());
+    // A write every 5 ms or so, not as fast as etcd takes them: each compaction walks etcd's whole
+    // key index, so unbounded writes (550 new keys a second) made the thousandth compaction cost
+    // etcd a quarter of a second and the test take 150 s alone, over 300 s beside the suite.
+    let writes = paced_writer(ip.clone(), stop.clone(), Duration::from_millis(5));
     let etcd_compactions = || -> u64 {
         let metrics = http_get(&format!("{ip}:2379"), "/metrics")
             .map(|(_, b)| b)
@@ -356,7 +359,7 @@ fn the_history_window_compacts_a_thousand_times_under_writes_without_breaking_th
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
     };
-    // A SIGHUP every half second makes the writer open its watch again, from the revision after
+    // A SIGHUP every 100 ms makes the writer open its watch again, from the revision after
     // the store's newest: a compaction past that revision would break the chain there.
     let started = Instant::now();
     wait_for(
@@ -364,7 +367,7 @@ fn the_history_window_compacts_a_thousand_times_under_writes_without_breaking_th
         Duration::from_secs(300),
         || {
             w.signal(nix::sys::signal::Signal::SIGHUP);
-            std::thread::sleep(Duration::from_millis(500));
+            std::thread::sleep(Duration::from_millis(100));
             let status = w.status();
             assert_eq!(
                 status["backup"]["chain_breaks_total"], 0,

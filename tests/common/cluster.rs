@@ -150,6 +150,16 @@ pub fn the_writer(wardens: &[Option<Warden>]) -> usize {
 
 /// Writes `k…` keys through `ip` (a member that stays up) until told to stop; the acknowledged ones.
 pub fn writer(ip: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<String>> {
+    paced_writer(ip, stop, Duration::ZERO)
+}
+
+/// `writer` with a pause of `every` after each write: fewer keys for etcd's index to walk at each
+/// compaction, which costs etcd time in proportion to the keys it holds.
+pub fn paced_writer(
+    ip: String,
+    stop: Arc<AtomicBool>,
+    every: Duration,
+) -> std::thread::JoinHandle<Vec<String>> {
     std::thread::spawn(move || {
         rt().block_on(async move {
             let opts = etcd_client::ConnectOptions::new()
@@ -170,6 +180,9 @@ pub fn writer(ip: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<
                 if ok {
                     acked.push(k);
                     n += 1;
+                    if !every.is_zero() {
+                        tokio::time::sleep(every).await;
+                    }
                 } else {
                     // An election is under way: the put was not acknowledged; try the next key.
                     n += 1;
