@@ -1281,3 +1281,52 @@ fn key_check_with_auth(etcd: &Path) {
     );
     assert_no_chain_break(&w);
 }
+
+/// A restore drill on a member configured by `ETCD_*` variables, TLS with client certificates and
+/// etcd auth on: the live HashKV (asked with the warden's credentials, on its own long connection)
+/// equals the restored copy's, and the member it asked is named.
+#[test]
+fn with_auth_on_a_restore_drill_compares_with_the_live_hashkv() {
+    let etcd = default_etcd();
+    let ctl = etcdctl_for(&etcd);
+    let (_dir, prod, data, store) = one_member();
+    let w = start(
+        &etcd,
+        &prod,
+        &data,
+        &store,
+        &[
+            "--delta-snapshot-period",
+            "200ms",
+            "--verify-schedule",
+            "*/3 * * * * *",
+        ],
+    );
+    w.wait_ready(START);
+    enable_auth_and_back_it_up(&w, &prod, &ctl);
+    let written = put_keys(&prod, "/drill", 20);
+    let d = wait_for("a drill of the revision written after auth enable", START, || {
+        let d = w.status()["backup"]["restore_drill"].clone();
+        (d["last_revision"].as_i64() >= Some(written)).then_some(d)
+    });
+    assert_eq!(d["matches_live"], true, "{d}");
+    assert_eq!(d["compared_with"], "m1", "{d}");
+    let live = prod
+        .etcdctl(
+            &ctl,
+            true,
+            &[
+                "endpoint",
+                "hashkv",
+                &format!("--rev={}", d["last_revision"]),
+                "-w",
+                "json",
+            ],
+        )
+        .unwrap();
+    let live: serde_json::Value = serde_json::from_str(&live).unwrap();
+    assert_eq!(
+        d["last_hash"], live[0]["HashKV"]["hash"],
+        "etcdctl's HashKV as root: {d}"
+    );
+}
