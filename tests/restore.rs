@@ -54,10 +54,10 @@ async fn dump(c: &mut Client, rev: Option<i64>) -> (i64, Vec<Kv>) {
 async fn write_mix(c: &mut Client, round: u64) {
     let k = |i: u64| format!("/registry/pods/ns{}/p{}", i % 3, i % 40);
     c.put(k(round), format!("v{round}"), None).await.unwrap();
-    if round % 5 == 0 {
+    if round.is_multiple_of(5) {
         c.delete(k(round + 7), None).await.unwrap();
     }
-    if round % 7 == 0 {
+    if round.is_multiple_of(7) {
         let ops = vec![
             TxnOp::put(k(round + 1), format!("txn-{round}-a"), None),
             TxnOp::put(k(round + 2), format!("txn-{round}-b"), None),

@@ -1032,7 +1032,10 @@ mod tests {
         for (i, (f, k, v)) in items.iter().enumerate() {
             let i = i as u32;
             assert_eq!((*f, k.as_slice()), (0, i.to_be_bytes().as_slice()), "key {i}");
-            assert_eq!(v.len(), (i % 300) as usize + if i % 997 == 0 { 9000 } else { 0 });
+            assert_eq!(
+                v.len(),
+                (i % 300) as usize + if i.is_multiple_of(997) { 9000 } else { 0 }
+            );
         }
         assert!(db.appender(&b).expect("appender").last_key() == Some(&(2 * n - 1).to_be_bytes()[..]));
         // A seek reads the keys from its start on, whatever page and level that start falls in,
