@@ -47,7 +47,7 @@ impl Journal {
         let p = path(data);
         let tmp = crate::etcd::dirs::beside(data, ".warden-repair.json.tmp");
         let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
+            let mut f = crate::etcd::dirs::create_fresh(&tmp)?;
             f.write_all(&serde_json::to_vec_pretty(self).unwrap_or_default())?;
             f.sync_all()?;
             std::fs::rename(&tmp, &p)?;

@@ -302,7 +302,7 @@ pub fn with_settings(
     }
     // JSON is YAML to etcd's reader.
     let text = serde_json::to_string_pretty(&config).expect("a JSON map serializes");
-    std::fs::write(copy, text).map_err(|e| ArgsError::ConfigFile {
+    super::dirs::write_fresh(copy, text.as_bytes()).map_err(|e| ArgsError::ConfigFile {
         path: copy.to_owned(),
         reason: format!("cannot write the warden's copy with {settings:?}: {e}"),
     })?;

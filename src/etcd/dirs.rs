@@ -7,6 +7,32 @@ use std::path::{Path, PathBuf};
 
 use super::EtcdArgs;
 
+/// Creates `path` afresh for writing (0600): whatever had that name is unlinked first (a symlink
+/// itself, never what it points to), and the open creates a new file or fails, so it follows no
+/// link (`O_CREAT | O_EXCL`, and `O_NOFOLLOW`). Every file the warden writes beside the data dir
+/// goes through here: whoever can write the data dir's parent cannot make the warden write
+/// through a link they planted.
+pub fn create_fresh(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+}
+
+/// Writes `bytes` into a fresh file at `path` ([`create_fresh`]).
+pub fn write_fresh(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    create_fresh(path)?.write_all(bytes)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberDirs {
     /// `--data-dir`, absolute.
@@ -115,6 +141,19 @@ pub fn beside(path: &Path, suffix: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_planted_symlink_beside_the_data_dir_is_replaced_never_followed() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("root-owned");
+        std::fs::write(&target, b"keep").unwrap();
+        let log = t.path().join("data.validate.log");
+        std::os::unix::fs::symlink(&target, &log).unwrap();
+        write_fresh(&log, b"etcd's log").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+        assert_eq!(std::fs::read(&log).unwrap(), b"etcd's log");
+        assert!(!std::fs::symlink_metadata(&log).unwrap().file_type().is_symlink());
+    }
 
     #[test]
     fn a_separate_wal_moves_aside_and_back_with_its_data_dir() {

@@ -137,7 +137,7 @@ impl PrivateEtcd {
         let log_path = log_path.to_owned();
         // Where its errors go, so that a failed start can say why. Failing to create that file is
         // the environment's problem, never evidence against the data dir: carry on without it.
-        let log: std::process::Stdio = match std::fs::File::create(&log_path) {
+        let log: std::process::Stdio = match super::dirs::create_fresh(&log_path) {
             Ok(f) => f.into(),
             Err(e) => {
                 tracing::warn!(path = %log_path.display(), error = %e, "cannot create the private etcd's log; running it without one");

@@ -193,7 +193,7 @@ pub fn last_release(data_dir: &Path) -> Option<Version> {
 pub fn record_release(data_dir: &Path, release: Version) -> std::io::Result<()> {
     let path = release_record(data_dir);
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, format!("{release}\n"))?;
+    super::dirs::write_fresh(&tmp, format!("{release}\n").as_bytes())?;
     std::fs::rename(tmp, path)
 }
 

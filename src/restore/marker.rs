@@ -26,7 +26,7 @@ pub fn write(data_dir: &Path, r: Restored) -> Result<(), String> {
     let to = path(data_dir);
     let tmp = crate::etcd::dirs::beside(data_dir, ".warden-restored.tmp");
     let text = serde_json::to_vec(&r).map_err(|e| e.to_string())?;
-    std::fs::write(&tmp, text)
+    crate::etcd::dirs::write_fresh(&tmp, &text)
         .and_then(|()| std::fs::rename(&tmp, &to))
         .map_err(|e| format!("write {}: {e}", to.display()))
 }

@@ -112,9 +112,9 @@ pub async fn apply(
         revision: report.backed_up_revision,
         at_ms: now,
     };
-    std::fs::write(
-        plan_path(data),
-        serde_json::to_vec_pretty(&mark).unwrap_or_default(),
+    crate::etcd::dirs::write_fresh(
+        &plan_path(data),
+        &serde_json::to_vec_pretty(&mark).unwrap_or_default(),
     )
     .map_err(|e| format!("write {}: {e}", plan_path(data).display()))?;
     let done = PlanDone {

@@ -518,9 +518,9 @@ impl Terms {
             at_ms: crate::store::layout::now_ms(),
             moved_to: moved.clone(),
         };
-        if let Err(e) = std::fs::write(
-            crate::cluster::leave::marker_path(&data),
-            serde_json::to_vec_pretty(&left).unwrap_or_default(),
+        if let Err(e) = crate::etcd::dirs::write_fresh(
+            &crate::cluster::leave::marker_path(&data),
+            &serde_json::to_vec_pretty(&left).unwrap_or_default(),
         ) {
             tracing::error!(error = %e, "cannot write the left-the-cluster marker");
         }
