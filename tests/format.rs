@@ -239,15 +239,20 @@ fn s3_store_never_shows_a_partial_snapshot() {
         .with_secret_access_key("testing")
         .build()
         .unwrap();
+    let store = std::sync::Arc::new(store);
     let store = Store {
         url: StoreUrl::S3 {
             bucket: "format-test".into(),
             prefix: String::new(),
         },
-        inner: std::sync::Arc::new(store),
+        inner: store.clone(),
         keys: Default::default(),
         gbr_lease_ttl: 3600,
         locks: None,
+        pager: Some(etcd_warden::store::listing::Pager {
+            store,
+            prefix: String::new(),
+        }),
     };
     exercise(&store, &rt);
 }

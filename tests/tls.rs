@@ -189,14 +189,17 @@ fn backups_over_mutual_tls_restore_to_what_etcdctl_saw() {
     // In the store: one full snapshot (before the writes) and deltas carrying every write.
     let rt = rt();
     let s = Store::open(&StoreUrl::File { path: store_dir }).unwrap();
-    let (full, chain) = rt.block_on(s.newest_chain()).unwrap().expect("a full snapshot");
+    let (full, chain) = rt
+        .block_on(s.newest_checked_chain())
+        .unwrap()
+        .expect("a full snapshot");
     assert!(
         full.last_revision() < rev,
         "the full snapshot holds the writes (rev {} ≥ {rev}): the deltas would not be tested",
         full.last_revision()
     );
     assert!(!chain.is_empty(), "no delta after the full snapshot");
-    let last = chain.iter().map(|(n, _)| n.last_revision()).max().unwrap();
+    let last = chain.iter().map(|n| n.last_revision()).max().unwrap();
     assert!(last >= rev, "the deltas end at {last}, before {rev}");
 
     // Restored with the product's restore, read back with etcdctl from a plain etcd.

@@ -53,7 +53,7 @@ impl Backup {
         client: &mut Client,
         store: &Store,
     ) -> Result<Option<(ChainId, i64)>, crate::store::StoreError> {
-        let Some((newest, chain)) = store.newest_chain().await? else {
+        let Some((newest, chain)) = store.newest_checked_chain().await? else {
             tracing::info!("the store has no full snapshot yet: taking one");
             return Ok(None);
         };
@@ -61,7 +61,7 @@ impl Backup {
         let Some(chain_id) = newest.chain() else {
             return Ok(None);
         };
-        let after = chain.last().map(|(n, _)| n.last_revision()).unwrap_or(base);
+        let after = chain.last().map(|n| n.last_revision()).unwrap_or(base);
         // A restore (or a promotion, a rollback) bumped etcd's data past the chain's end and
         // marked everything below compacted: those revisions never existed, so this is no chain
         // break but a new history, which starts a new chain.

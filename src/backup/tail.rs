@@ -41,7 +41,7 @@ pub async fn upload_tail(
     }
     let store = cfg.open_store().map_err(|e| crate::telemetry::error_chain(&e))?;
     let Some((newest, deltas)) = store
-        .newest_chain()
+        .newest_checked_chain()
         .await
         .map_err(|e| crate::telemetry::error_chain(&e))?
     else {
@@ -50,10 +50,7 @@ pub async fn upload_tail(
     let Some(chain) = newest.chain() else {
         return Ok(None);
     };
-    let after = deltas
-        .last()
-        .map(|(n, _)| n.last_revision())
-        .unwrap_or(chain.base);
+    let after = deltas.last().map(|n| n.last_revision()).unwrap_or(chain.base);
     if let Ok(db) = MvccFile::open(&data.join("member/snap/db")) {
         // etcd stopped cleanly: its db holds every applied revision, so a look at the file decides.
         if !killed && db.revision() <= after {

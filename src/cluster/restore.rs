@@ -144,7 +144,9 @@ pub async fn write_plan(store: &Store, req: &PlanRequest) -> Result<Plan, PlanEr
     if members.is_empty() {
         return Err("no members to restore (the store's record lists none): give --initial-cluster".into());
     }
-    let (fulls, chains) = store.catalog().await.map_err(err)?;
+    // What passed the gate only: a plan never names a planted object, nor bumps past one.
+    let screened = store.screened_catalog().await.map_err(err)?;
+    let (fulls, chains) = (screened.fulls, screened.chains);
     let candidates = match req.target {
         // A rollback point is restored as it is, outside the chains.
         Target::Rollback(point) => vec![crate::restore::plan::Candidate {

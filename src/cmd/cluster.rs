@@ -32,7 +32,7 @@ pub struct ClusterRestoreArgs {
     /// --bump-revision N --mark-compacted), as the automatic restore of `run` does: clients that
     /// saw newer revisions are never handed those numbers again, and watchers from before are told
     /// to relist. 0 restores an exact copy.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_RESTORE_BUMP)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_RESTORE_BUMP, value_parser = super::run::args::bump_range())]
     pub bump_revision: u64,
     /// Accepted for etcdutl's spelling: implied by a --bump-revision above 0.
     #[arg(long)]

@@ -52,7 +52,7 @@ pub struct RestoreArgs {
     /// --bump-revision N --mark-compacted), as the automatic restore of `run` does: clients that
     /// saw newer revisions are never handed those numbers again, and watchers from before are told
     /// to relist. 0 restores an exact copy.
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_RESTORE_BUMP)]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_RESTORE_BUMP, value_parser = super::run::args::bump_range())]
     pub bump_revision: u64,
     /// Accepted for etcdutl's spelling: implied by a --bump-revision above 0.
     #[arg(long)]
@@ -193,17 +193,19 @@ pub async fn restore(
 /// What a rollback loses: the revisions the store holds past the point, and when they were written.
 async fn print_rollback_loss(store: &Store, point: &crate::store::SnapshotName) {
     use crate::restore::{Target, plan};
-    let newest = store.catalog().await.ok().and_then(|(fulls, chains)| {
-        let cand = plan::candidates(
-            &fulls,
-            &|c| chains.get(&c).cloned().unwrap_or_default(),
-            Target::Latest,
-        )
-        .into_iter()
-        .next()?;
-        let last_created = cand.deltas.last().unwrap_or(&cand.full).created_ms;
-        Some((cand.target_revision, last_created))
-    });
+    let newest = store.screened_catalog().await.ok().and_then(
+        |crate::store::gate::Screened { fulls, chains, .. }| {
+            let cand = plan::candidates(
+                &fulls,
+                &|c| chains.get(&c).cloned().unwrap_or_default(),
+                Target::Latest,
+            )
+            .into_iter()
+            .next()?;
+            let last_created = cand.deltas.last().unwrap_or(&cand.full).created_ms;
+            Some((cand.target_revision, last_created))
+        },
+    );
     match newest {
         Some((rev, at)) if rev > point.last_revision() => println!(
             "LOST by this rollback: {} revisions ({}..={rev}), written between {} and {} (the newest backup); they stay in the store",
@@ -250,15 +252,17 @@ async fn said(
         print_rollback_loss(store, &point).await;
     }
     if opts.target != Target::Latest {
-        match store.catalog().await.ok().and_then(|(fulls, chains)| {
-            crate::restore::plan::candidates(
-                &fulls,
-                &|c| chains.get(&c).cloned().unwrap_or_default(),
-                Target::Latest,
-            )
-            .first()
-            .map(|c| c.target_revision)
-        }) {
+        match store.screened_catalog().await.ok().and_then(
+            |crate::store::gate::Screened { fulls, chains, .. }| {
+                crate::restore::plan::candidates(
+                    &fulls,
+                    &|c| chains.get(&c).cloned().unwrap_or_default(),
+                    Target::Latest,
+                )
+                .first()
+                .map(|c| c.target_revision)
+            },
+        ) {
             Some(newest) if report.revision > newest => println!(
                 "NOTE: revision {} is above the store's newest backup ({newest}): `etcd-warden run` on this data dir with this store keeps it, and its next full snapshot starts a new chain.",
                 report.revision

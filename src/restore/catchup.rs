@@ -75,10 +75,11 @@ pub async fn catch_up(store: &Store, opts: &CatchUpOptions) -> Result<CaughtUp, 
             opts.served
         ));
     }
-    let (fulls, chains) = store
-        .catalog()
+    let screened = store
+        .screened_catalog()
         .await
         .map_err(|e| crate::telemetry::error_chain(&e))?;
+    let (fulls, chains) = (screened.fulls, screened.chains);
     let Continuation { cand, fulls_crossed } = continuation(&fulls, &chains, from, opts.newest)?;
     same_history_outside(store, &fulls_crossed, &cand.deltas[0], opts.cluster_id).await?;
     let (known, consistent_index) = local_digests(&db, &cand.deltas[0], from)?;

@@ -268,10 +268,12 @@ pub async fn restore(
             path: opts.data_dir.clone(),
         });
     }
-    let (fulls, chains) = catalog_waiting(store, opts).await?;
-    // The newest revision any object names, every chain's: what a bump must clear.
-    let named = plan::newest_named(&fulls, &chains);
-    let candidates = candidates_for(store, opts, &fulls, &chains)?;
+    let screened = catalog_waiting(store, opts).await?;
+    let (fulls, chains) = (&screened.fulls, &screened.chains);
+    // The newest revision any object that passed the gate names, every chain's: what a bump must
+    // clear.
+    let named = plan::newest_named(fulls, chains);
+    let candidates = candidates_for(store, opts, fulls, chains)?;
     check_tool(opts, reaper).await?;
     let stamp = crate::store::layout::format_time(crate::store::layout::now_ms());
     let mut work = opts.data_dir.clone().into_os_string();
@@ -280,6 +282,9 @@ pub async fn restore(
     // Removed however the restore ends, also when its future is dropped (Ctrl-C in `restore`).
     let _work_guard = RemoveOnDrop(work.clone());
     let (mut skipped, asked) = shortfall(opts, &candidates[0]);
+    if let Some(s) = screened.rejected.summary() {
+        skipped.push(("the listing".into(), s));
+    }
     for mut cand in candidates {
         let mut unavailable = 0;
         let result = loop {
@@ -455,11 +460,11 @@ async fn check_tool(opts: &RestoreOptions, reaper: &Reaper) -> Result<(), Restor
 async fn catalog_waiting(
     store: &Store,
     opts: &RestoreOptions,
-) -> Result<(Vec<crate::store::layout::SnapshotName>, crate::store::Catalog), RestoreError> {
+) -> Result<crate::store::gate::Screened, RestoreError> {
     let deadline = Instant::now() + opts.store_wait;
     let mut wait = Duration::from_millis(500);
     loop {
-        match store.catalog().await {
+        match store.screened_catalog().await {
             Ok(c) => return Ok(c),
             Err(e) if e.is_transient() && Instant::now() + wait < deadline => {
                 let why = crate::telemetry::error_chain(&e);
@@ -554,6 +559,12 @@ async fn attempt(
     let db = data.join("member").join("snap").join("db");
     check_release(reaper, &opts.etcd, &db, &cand.full.key()).await?;
     let (revision, applied) = deltas(store, opts, reaper, cand, work, &db, fetcher).await?;
+    if revision > crate::store::gate::MAX_REVISION {
+        return Err(Failure::BadFull(format!(
+            "the restored database is at revision {revision}, past {} (no cluster gets there; a crafted database)",
+            crate::store::gate::MAX_REVISION
+        )));
+    }
     let bumped_by = match opts.bump_clears_store {
         true => super::plan::bump_amount(revision, opts.bump_revision, named),
         false => opts.bump_revision,
@@ -566,6 +577,12 @@ async fn attempt(
             "the store names revisions up to {named}, beyond the restored {revision} plus the bump of {}: bumping by {bumped_by} instead, so that no revision a client may have seen is handed out again",
             opts.bump_revision
         );
+    }
+    if i64::try_from(bumped_by).map_or(true, |b| revision.checked_add(b).is_none()) {
+        return Err(Failure::Local(format!(
+            "a bump of {bumped_by} from revision {revision} passes etcd's last revision ({}): give a smaller --bump-revision",
+            i64::MAX
+        )));
     }
     let served = match bumped_by {
         0 => revision,

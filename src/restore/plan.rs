@@ -113,7 +113,7 @@ pub fn candidates(
             Kind::Full { .. } => (0, 0, 0),
         });
         let mut chosen = Vec::new();
-        let mut next = base + 1;
+        let mut next = base.saturating_add(1);
         let mut gap: Option<(SnapshotName, i64)> = None;
         for d in deltas {
             let Kind::Delta { first, last, .. } = d.kind else {
@@ -134,7 +134,7 @@ pub fn candidates(
                     // perhaps before the target time: its revisions count as asked for, so a
                     // restore that cannot tell never passes for complete.
                     Target::Time(_) => {
-                        gap = Some((d, first - 1));
+                        gap = Some((d, first.saturating_sub(1)));
                         break;
                     }
                 };
@@ -157,12 +157,12 @@ pub fn candidates(
                 continue;
             }
             chosen.push(d);
-            next = last + 1;
+            next = last.saturating_add(1);
         }
         if let (Some((_, beyond)), Target::Revision(r)) = (gap.as_mut(), target) {
             *beyond = (*beyond).min(r);
         }
-        let reached = next - 1;
+        let reached = next.saturating_sub(1);
         let (target_revision, stop_at) = match target {
             Target::Revision(r) if reached >= r => (r, Some(r)),
             Target::Revision(_) => (reached, None),
@@ -263,12 +263,12 @@ pub fn continuing(
     deltas.sort_by_key(|(d, full)| (first_revision(d), Some(*full) != base, d.created_ms));
     let mut next = Vec::new();
     let mut chain_full = None;
-    let mut want = at + 1;
+    let mut want = at.saturating_add(1);
     for (d, full) in deltas.iter() {
         if first_revision(d) <= want && d.last_revision() >= want {
             chain_full = Some(*full);
             next.push(*d);
-            want = d.last_revision() + 1;
+            want = d.last_revision().saturating_add(1);
         }
     }
     (next, chain_full)

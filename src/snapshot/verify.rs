@@ -87,9 +87,12 @@ pub async fn verify_object(store: &Store, name: &SnapshotName) -> Result<Verifie
         return read_verified(store, name, |_| Ok(())).await.map_err(String::from);
     }
     if name.encryption == Encryption::Age && store.keys.identities.is_empty() {
-        return format::read_object(store.inner.as_ref(), &name.key(), &store.keys.signing, |_, _| {
-            Ok(())
-        })
+        return format::read_object(
+            store.inner.as_ref(),
+            &name.key(),
+            &store.keys.signing,
+            |_, _, _| Ok(()),
+        )
         .await
         .map_err(|e| crate::telemetry::error_chain(&e));
     }
@@ -156,8 +159,17 @@ where
         Kind::Full { .. } => (0, 0),
     };
     let is_full = name.is_full();
+    // What the footer claims the payload decodes to: nothing past it reaches `on_raw` (a bomb
+    // stops at its claim, not at the end of the disk). Known once the first chunk arrives.
+    let claim = AtomicU64::new(u64::MAX);
     let mut consume = |out: Vec<u8>| -> Result<(), String> {
         raw += out.len() as u64;
+        if raw > claim.load(Ordering::Relaxed) {
+            return Err(format!(
+                "the payload decompresses past the {} bytes its footer claims",
+                claim.load(Ordering::Relaxed)
+            ));
+        }
         on_raw(&out)?;
         if is_full {
             trailer.update(&out);
@@ -176,7 +188,8 @@ where
         }
         Ok(())
     };
-    let verified = format::read_object(store.inner.as_ref(), &key, &store.keys.signing, |h, chunk| {
+    let verified = format::read_object(store.inner.as_ref(), &key, &store.keys.signing, |h, f, chunk| {
+        claim.store(f.raw_bytes, Ordering::Relaxed);
         let d = match de.as_mut() {
             Some(d) => d,
             None => {
@@ -380,12 +393,13 @@ pub async fn read_full_to_file(
     }
     let local = |e: String| ObjectError::Local(e);
     let key = name.key();
-    // The footer first: its claim bounds what the payload may decompress to, and the file
-    // system must hold that much before a byte is written.
-    let claimed = format::read_footer(store.inner.as_ref(), &key)
-        .await
-        .map_err(ObjectError::from_format)?
-        .raw_bytes;
+    // Through the gate first: its footer's claim, once it fits the object, bounds what the payload
+    // may decompress to, and the file system must hold that much before a byte is written.
+    let claimed = match crate::store::gate::check(store, name, None).await {
+        Ok(c) => c.footer().map_or(0, |f| f.raw_bytes),
+        Err(crate::store::gate::Refused::Bad(e)) => return Err(ObjectError::Corrupt(e)),
+        Err(crate::store::gate::Refused::Unknown(e)) => return Err(ObjectError::Unavailable(e)),
+    };
     let total = Some(claimed);
     free_space_for(path, claimed).map_err(local)?;
     let file = std::fs::File::create(path).map_err(|e| local(format!("create {}: {e}", path.display())))?;
@@ -398,7 +412,7 @@ pub async fn read_full_to_file(
     };
     let mut worker: Option<FullWorker> = None;
     let mut file = Some(file);
-    let read = format::read_object(store.inner.as_ref(), &key, &store.keys.signing, |h, chunk| {
+    let read = format::read_object(store.inner.as_ref(), &key, &store.keys.signing, |h, _, chunk| {
         let w = match worker.as_mut() {
             Some(w) => w,
             None => {

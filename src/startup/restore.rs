@@ -32,12 +32,14 @@ pub fn open_store(cfg: &MemberConfig) -> Result<Store, String> {
 }
 
 /// The newest revision a restore would reach, or `None` when the store holds no backup: the
-/// warden's own chains and GBR's alike (`Store::catalog`).
+/// warden's own chains and GBR's alike, as far as their objects pass the gate
+/// (`Store::screened_catalog`): a planted name never makes a data dir "behind".
 pub async fn newest_backup(store: &Store) -> Result<Option<i64>, String> {
-    let (fulls, chains) = store
-        .catalog()
+    let screened = store
+        .screened_catalog()
         .await
         .map_err(|e| crate::telemetry::error_chain(&e))?;
+    let (fulls, chains) = (screened.fulls, screened.chains);
     let cands = plan::candidates(
         &fulls,
         &|c| chains.get(&c).cloned().unwrap_or_default(),

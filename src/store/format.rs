@@ -29,6 +29,9 @@ pub const TRAILER_LEN: usize = 52;
 /// Upload part size: the most a snapshot upload buffers (times the concurrency).
 pub const PART_SIZE: usize = 8 * 1024 * 1024;
 pub const UPLOAD_CONCURRENCY: usize = 2;
+/// The most a header or a footer may be: every object this release writes has a few hundred bytes
+/// of each; a longer claim (a trailer that says its footer is 4 GiB) is refused before it is read.
+pub const MAX_META: u64 = 1 << 20;
 
 /// Written before the payload.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -252,6 +255,11 @@ async fn read_tail(store: &dyn ObjectStore, key: &str) -> Result<Tail, FormatErr
     let footer_len = u32::from_le_bytes(trailer[0..4].try_into().expect("4 bytes")) as u64;
     let payload_len = u64::from_le_bytes(trailer[4..12].try_into().expect("8 bytes"));
     let digest: [u8; 32] = trailer[12..44].try_into().expect("32 bytes");
+    if footer_len > MAX_META {
+        return Err(corrupt(format!(
+            "its trailer claims a footer of {footer_len} bytes (at most {MAX_META})"
+        )));
+    }
     let payload_end = size
         .checked_sub(TRAILER_LEN as u64 + footer_len)
         .ok_or_else(|| corrupt("footer longer than the object".into()))?;
@@ -364,6 +372,11 @@ pub async fn read_header(
         return Err(corrupt("no magic (not an etcd-warden object)".into()));
     }
     let len = u32::from_le_bytes(head[8..12].try_into().expect("4 bytes")) as u64;
+    if len > MAX_META {
+        return Err(corrupt(format!(
+            "it claims a header of {len} bytes (at most {MAX_META})"
+        )));
+    }
     let bytes = store.get_range(&path, 12..12 + len).await.map_err(read_err)?;
     let header: Header =
         serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("header is not valid JSON: {e}")))?;
@@ -375,11 +388,6 @@ pub async fn read_header(
             .map_err(corrupt)?;
     }
     Ok(header)
-}
-
-/// Reads only an object's footer (e.g. to know the raw size before streaming it).
-pub async fn read_footer(store: &dyn ObjectStore, key: &str) -> Result<Footer, FormatError> {
-    Ok(read_tail(store, key).await?.footer)
 }
 
 /// Reads an object from start to end, handing each payload chunk to `sink`, and checks framing
@@ -434,7 +442,8 @@ pub(crate) fn byte_stream(
 }
 
 /// `signing` checks the object's signature (`store::sign`) before the first payload byte reaches
-/// `sink`.
+/// `sink`, which also gets the footer: its claims bound what the payload may decode to, and are
+/// believed no further than that until this returns `Ok`.
 pub async fn read_object<F>(
     store: &dyn ObjectStore,
     key: &str,
@@ -442,7 +451,7 @@ pub async fn read_object<F>(
     mut sink: F,
 ) -> Result<Verified, FormatError>
 where
-    F: FnMut(&Header, &[u8]) -> Result<(), String>,
+    F: FnMut(&Header, &Footer, &[u8]) -> Result<(), String>,
 {
     let corrupt = |reason: String| FormatError::Corrupt {
         key: key.to_owned(),
@@ -489,6 +498,11 @@ where
                 return Err(corrupt("not an etcd-warden snapshot (bad magic)".into()));
             }
             let hlen = u32::from_le_bytes(prefix[8..12].try_into().expect("4 bytes")) as usize;
+            if hlen as u64 > MAX_META {
+                return Err(corrupt(format!(
+                    "it claims a header of {hlen} bytes (at most {MAX_META})"
+                )));
+            }
             if prefix.len() < 12 + hlen {
                 pos += data.len() as u64;
                 continue;
@@ -511,13 +525,13 @@ where
             }
             hasher.update(data);
             let (h, _) = header.as_ref().expect("set above");
-            sink(h, data).map_err(corrupt)?;
+            sink(h, &footer, data).map_err(corrupt)?;
             continue;
         }
         pos += data.len() as u64;
         hasher.update(data);
         let (h, _) = header.as_ref().expect("set above");
-        sink(h, data).map_err(corrupt)?;
+        sink(h, &footer, data).map_err(corrupt)?;
     }
     let (header, start) = header.ok_or_else(|| corrupt("object ends inside its header".into()))?;
     if pos != payload_end {

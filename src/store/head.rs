@@ -77,11 +77,14 @@ impl Store {
                         e_tag: got.meta.e_tag.clone(),
                         version: got.meta.version.clone(),
                     };
-                    let bytes = got.bytes().await.map_err(|source| StoreError::Read {
-                        key: key(),
-                        url: self.url.to_string(),
-                        source,
-                    })?;
+                    let bytes = super::bounded_record(&key(), got)
+                        .await
+                        .map_err(|source| StoreError::Read {
+                            key: key(),
+                            url: self.url.to_string(),
+                            source,
+                        })?
+                        .unwrap_or_default();
                     // A head this store's key did not sign (with signing on) is no writer's word.
                     let theirs = self
                         .record_trusted(&key(), &bytes)

@@ -8,9 +8,11 @@ pub mod copy;
 pub mod credentials;
 pub mod crypt;
 pub mod format;
+pub mod gate;
 pub mod gbr;
 pub mod head;
 pub mod layout;
+pub mod listing;
 pub mod lock;
 pub mod owner;
 pub mod plan;
@@ -22,7 +24,6 @@ pub mod url;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::TryStreamExt;
 use object_store::path::Path;
 use object_store::prefix::PrefixStore;
 use object_store::{ClientConfigKey, ObjectMeta, ObjectStore, ObjectStoreExt, RetryConfig};
@@ -84,6 +85,8 @@ pub enum StoreError {
         #[source]
         source: object_store::Error,
     },
+    #[error("check the objects of {url}: {reason}")]
+    Check { url: String, reason: String },
     #[error(
         "read the Object Lock of {key} in {url}: {reason} (the warden deletes no object whose lock it cannot read; give its role s3:GetObjectRetention and s3:GetObjectLegalHold)"
     )]
@@ -107,6 +110,8 @@ impl StoreError {
                 source,
                 object_store::Error::Generic { .. } | object_store::Error::JoinError { .. }
             ),
+            // A check of objects the listing named met a store that did not answer.
+            Self::Check { .. } => true,
             _ => false,
         }
     }
@@ -124,6 +129,8 @@ pub struct Store {
     pub gbr_lease_ttl: i64,
     /// S3 stores: reads an object's Object Lock before retention deletes it.
     pub locks: lock::Locks,
+    /// Cloud stores: their paged listing, which `listing` makes total over odd keys.
+    pub pager: Option<listing::Pager>,
 }
 
 /// `--gbr-lease-ttl`'s default: Kubernetes' `--event-ttl`, what nearly every leased key in a
@@ -223,6 +230,7 @@ impl Store {
             hint,
         };
         let mut locks = None;
+        let mut pager: Option<Arc<dyn object_store::list::PaginatedListStore>> = None;
         let (inner, prefix): (Arc<dyn ObjectStore>, &str) = match url {
             StoreUrl::File { path } => {
                 std::fs::create_dir_all(path).map_err(|source| StoreError::CreateDir {
@@ -246,11 +254,12 @@ impl Store {
                 if !credentials::s3_named(&b) {
                     return Err(no_credentials(credentials::S3_HINT));
                 }
-                let s3 = b.clone().build().map_err(cfg("s3"))?;
+                let s3 = Arc::new(b.clone().build().map_err(cfg("s3"))?);
                 locks = Some(Arc::new(
                     lock::S3Locks::new(&b, &s3, bucket, prefix).map_err(cfg("s3"))?,
                 ));
-                (Arc::new(s3), prefix)
+                pager = Some(s3.clone());
+                (s3, prefix)
             }
             StoreUrl::Gcs { bucket, prefix } => {
                 let b = configure!(
@@ -262,8 +271,9 @@ impl Store {
                 if !credentials::gcs_named(&b) {
                     return Err(no_credentials(credentials::GCS_HINT));
                 }
-                let gcs = b.build().map_err(cfg("gs"))?;
-                (Arc::new(gcs), prefix)
+                let gcs = Arc::new(b.build().map_err(cfg("gs"))?);
+                pager = Some(gcs.clone());
+                (gcs, prefix)
             }
             StoreUrl::Azure { container, prefix } => {
                 let b = configure!(
@@ -275,8 +285,9 @@ impl Store {
                 if !credentials::azure_named(&b) {
                     return Err(no_credentials(credentials::AZURE_HINT));
                 }
-                let az = b.build().map_err(cfg("az"))?;
-                (Arc::new(az), prefix)
+                let az = Arc::new(b.build().map_err(cfg("az"))?);
+                pager = Some(az.clone());
+                (az, prefix)
             }
         };
         let inner: Arc<dyn ObjectStore> = if prefix.is_empty() {
@@ -290,23 +301,18 @@ impl Store {
             keys: Default::default(),
             gbr_lease_ttl: GBR_LEASE_TTL.as_secs() as i64,
             locks,
+            pager: pager.map(|store| listing::Pager {
+                store,
+                prefix: prefix.to_owned(),
+            }),
         })
     }
 
+    /// The snapshots directly in `dir`: the listing is total (`listing`), and a key that is no
+    /// snapshot's name is left out.
     async fn list_dir(&self, dir: &str) -> Result<Vec<(SnapshotName, ObjectMeta)>, StoreError> {
-        let prefix = Path::from(dir);
-        let metas: Vec<ObjectMeta> =
-            self.inner
-                .list(Some(&prefix))
-                .try_collect()
-                .await
-                .map_err(|source| StoreError::List {
-                    prefix: dir.to_owned(),
-                    url: self.url.to_string(),
-                    source,
-                })?;
         let mut out = Vec::new();
-        for m in metas {
+        for m in listing::list_dir(self, dir).await?.objects {
             match SnapshotName::parse(m.location.as_ref()) {
                 Ok(n) => out.push((n, m)),
                 Err(err) => tracing::debug!(error = %err, "ignoring a foreign object in the store"),
@@ -361,37 +367,68 @@ impl Store {
         Ok(v)
     }
 
-    /// The newest full snapshot (by revision, then creation time) and its chain's deltas, by first
-    /// revision; `None` when the store holds no full snapshot.
-    #[allow(clippy::type_complexity)]
-    pub async fn newest_chain(
+    /// The newest chain through the gate: the newest full of the warden's own that passes
+    /// and the deltas of its chain that pass (`gate::check_all`), by first revision. What the writer
+    /// resumes and the tail continues: a planted name neither ends the chain nor starts another.
+    pub async fn newest_checked_chain(
         &self,
-    ) -> Result<Option<(SnapshotName, Vec<(SnapshotName, ObjectMeta)>)>, StoreError> {
-        let fulls: Vec<SnapshotName> = self.list_fulls().await?.into_iter().map(|(n, _)| n).collect();
-        let Some(newest) = fulls.last().copied() else {
+    ) -> Result<Option<(SnapshotName, Vec<SnapshotName>)>, StoreError> {
+        let unanswered = |reason| StoreError::Check {
+            url: self.url.to_string(),
+            reason,
+        };
+        let fulls = self.list_fulls().await?;
+        let listed: Vec<_> = fulls.iter().rev().map(|(n, m)| (*n, Some(m.size))).collect();
+        let mut rejected = gate::Rejected::default();
+        let mut newest = None;
+        // Newest first, a window at a time: the first that passes ends the search.
+        for window in listed.chunks(gate::CONCURRENCY) {
+            for ((n, _), r) in window
+                .iter()
+                .zip(gate::check_all(self, window).await.map_err(unanswered)?)
+            {
+                match r {
+                    Ok(_) => {
+                        newest = Some(*n);
+                        break;
+                    }
+                    Err(why) => rejected.add(n.key(), why),
+                }
+            }
+            if newest.is_some() {
+                break;
+            }
+        }
+        let Some(newest) = newest else {
             return Ok(None);
         };
-        let chain = self.list_chain(&newest, &fulls).await?;
-        Ok(Some((newest, chain)))
+        let names: Vec<SnapshotName> = fulls.iter().map(|(n, _)| *n).collect();
+        let chain = self.list_chain(&newest, &names).await?;
+        let listed: Vec<_> = chain.iter().map(|(n, m)| (*n, Some(m.size))).collect();
+        let mut kept = Vec::with_capacity(listed.len());
+        for ((n, _), r) in listed
+            .iter()
+            .zip(gate::check_all(self, &listed).await.map_err(unanswered)?)
+        {
+            match r {
+                Ok(_) => kept.push(*n),
+                Err(why) => rejected.add(n.key(), why),
+            }
+        }
+        if let Some(s) = rejected.summary() {
+            tracing::warn!(skipped = rejected.count, "{s}");
+        }
+        Ok(Some((newest, kept)))
     }
 
     /// Every delta chain directory: its base revision and, in the current layout, its full's
     /// creation time (one listing with a delimiter).
     pub async fn list_chain_dirs(&self) -> Result<Vec<(i64, Option<u64>)>, StoreError> {
-        let prefix = Path::from(format!("{}/delta", layout::VERSION_DIR));
-        let res = self
-            .inner
-            .list_with_delimiter(Some(&prefix))
-            .await
-            .map_err(|source| StoreError::List {
-                prefix: prefix.to_string(),
-                url: self.url.to_string(),
-                source,
-            })?;
-        let mut dirs: Vec<(i64, Option<u64>)> = res
-            .common_prefixes
+        let listed = listing::list_dir(self, &format!("{}/delta", layout::VERSION_DIR)).await?;
+        let mut dirs: Vec<(i64, Option<u64>)> = listed
+            .dirs
             .iter()
-            .filter_map(|p| p.filename().and_then(layout::parse_chain_dir))
+            .filter_map(|d| layout::parse_chain_dir(d))
             .collect();
         dirs.sort_unstable();
         Ok(dirs)
@@ -402,6 +439,24 @@ impl Store {
     /// gone sit under their base with creation time 0, a chain no full starts.
     pub async fn catalog(&self) -> Result<(Vec<SnapshotName>, Catalog), StoreError> {
         Ok(strip_meta(self.catalog_with_meta().await?))
+    }
+
+    /// [`Store::catalog`] screened by the gate (`gate::screen`): what a restore, a catch-up and the
+    /// start-up's "behind" decide from. Names that did not pass are left out and counted.
+    pub async fn screened_catalog(&self) -> Result<gate::Screened, StoreError> {
+        let (fulls, chains) = self.catalog_with_meta().await?;
+        let sizes: std::collections::HashMap<String, u64> = fulls
+            .iter()
+            .chain(chains.values().flatten())
+            .map(|(n, m)| (n.key(), m.size))
+            .collect();
+        let (fulls, chains) = strip_meta((fulls, chains));
+        gate::screen(self, &fulls, &chains, &sizes)
+            .await
+            .map_err(|reason| StoreError::Check {
+                url: self.url.to_string(),
+                reason,
+            })
     }
 
     /// The warden's own objects only: what retention may delete.
@@ -426,19 +481,9 @@ impl Store {
     /// chain of the full it extends (`gbr::names::chains`).
     pub async fn gbr_catalog_with_meta(&self) -> Result<MetaCatalog, StoreError> {
         let mut all = self.list_dir("v2").await?;
-        let v1 = Path::from(layout::VERSION_DIR);
-        let dirs = self
-            .inner
-            .list_with_delimiter(Some(&v1))
-            .await
-            .map_err(|source| StoreError::List {
-                prefix: v1.to_string(),
-                url: self.url.to_string(),
-                source,
-            })?;
-        for dir in &dirs.common_prefixes {
-            if dir.filename().is_some_and(|f| f.starts_with("Backup-")) {
-                all.extend(self.list_dir(dir.as_ref()).await?);
+        for dir in listing::list_dir(self, layout::VERSION_DIR).await?.dirs {
+            if dir.starts_with("Backup-") {
+                all.extend(self.list_dir(&format!("{}/{dir}", layout::VERSION_DIR)).await?);
             }
         }
         all.retain(|(n, _)| !n.is_own());
@@ -512,7 +557,9 @@ impl Store {
         };
         match self.inner.get(&Path::from(key)).await {
             Ok(got) => {
-                let bytes = got.bytes().await.map_err(read)?;
+                let Some(bytes) = bounded_record(key, got).await.map_err(read)? else {
+                    return Ok(None);
+                };
                 if !self.record_trusted(key, &bytes) {
                     return Ok(None);
                 }
@@ -577,6 +624,40 @@ impl Store {
             }),
         }
     }
+}
+
+/// The most a JSON record (the head, the owner record, a restore plan) may be: a few KiB in every
+/// store this release writes. A longer one is not read (it is no writer's record).
+pub const MAX_RECORD: u64 = 1 << 20;
+
+/// A record's bytes, `None` when the store says it is longer than [`MAX_RECORD`]; the read stops
+/// there also when the store's answer grows past what it said.
+pub(crate) async fn bounded_record(
+    key: &str,
+    got: object_store::GetResult,
+) -> Result<Option<bytes::Bytes>, object_store::Error> {
+    use futures_util::StreamExt;
+    let too_long = |size: u64| {
+        tracing::warn!(
+            key,
+            size,
+            max = MAX_RECORD,
+            "a record in the store is longer than any record: ignored"
+        );
+        None
+    };
+    if got.meta.size > MAX_RECORD {
+        return Ok(too_long(got.meta.size));
+    }
+    let mut stream = got.into_stream();
+    let mut out = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        out.extend_from_slice(&chunk?);
+        if out.len() as u64 > MAX_RECORD {
+            return Ok(too_long(out.len() as u64));
+        }
+    }
+    Ok(Some(out.into()))
 }
 
 /// Every chain's deltas, keyed by the full snapshot that starts it.

@@ -40,8 +40,8 @@ pub async fn state_at(
     filter: &Filter,
     scratch_dir: &Path,
 ) -> Result<Point, String> {
-    let (fulls, chains) = store
-        .catalog()
+    let crate::store::gate::Screened { fulls, chains, .. } = store
+        .screened_catalog()
         .await
         .map_err(|e| crate::telemetry::error_chain(&e))?;
     let cands = plan::candidates(&fulls, &|c| chains.get(&c).cloned().unwrap_or_default(), target);

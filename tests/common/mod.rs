@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod dns;
 pub mod kube;
 pub mod netns;
+pub mod objects;
 pub mod pki;
 pub mod podman;
 pub mod prod;

@@ -88,7 +88,7 @@ pub struct RunOptions {
     /// After an automatic restore at start, raise the revision by this much and mark everything up to
     /// it compacted, so no client is handed a revision it may have seen before the loss (as
     /// etcdutl's --bump-revision --mark-compacted); 0 turns it off [default: 1000000000]
-    #[arg(long, env = "ETCD_WARDEN_RESTORE_BUMP_REVISION", value_name = "N")]
+    #[arg(long, env = "ETCD_WARDEN_RESTORE_BUMP_REVISION", value_name = "N", value_parser = bump_range())]
     pub restore_bump_revision: Option<u64>,
     /// Clusters: the other members' client URLs, comma-separated, for the start-up decision and a
     /// repair [default: learned from the peers' member lists over their peer URLs]
@@ -327,3 +327,9 @@ pub(crate) fn parse_lease_ttl(s: &str) -> Result<Duration, String> {
 /// The default `--restore-bump-revision`: far above any backup lag (a busy cluster writes a few
 /// thousand revisions a second), and still room for billions of restores in an i64.
 pub const DEFAULT_RESTORE_BUMP: u64 = 1_000_000_000;
+
+/// `--bump-revision` and `--restore-bump-revision`: at most 2^62, the highest revision an object
+/// may name (`store::gate::MAX_REVISION`), so that no bump can pass etcd's last revision.
+pub(crate) fn bump_range() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::value_parser!(u64).range(0..=crate::store::gate::MAX_REVISION as u64)
+}
