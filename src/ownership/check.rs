@@ -8,8 +8,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use hickory_resolver::TokioResolver;
-use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig, ResolverOpts};
-use hickory_resolver::name_server::TokioConnectionProvider;
+use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig, ResolverOpts};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::proto::rr::RData;
 
 /// What one check says. Only [`Verdict::Other`] can take ownership away (rule 2).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,10 +55,17 @@ impl Lookup {
     fn resolver(&self) -> Result<TokioResolver, String> {
         let mut builder = match self.resolver {
             Some(addr) => {
-                let servers = NameServerConfigGroup::from_ips_clear(&[addr.ip()], addr.port(), true);
+                let mut server = NameServerConfig::udp_and_tcp(addr.ip());
+                server.connections = [ConnectionConfig::udp(), ConnectionConfig::tcp()]
+                    .into_iter()
+                    .map(|mut c| {
+                        c.port = addr.port();
+                        c
+                    })
+                    .collect();
                 TokioResolver::builder_with_config(
-                    ResolverConfig::from_parts(None, vec![], servers),
-                    TokioConnectionProvider::default(),
+                    ResolverConfig::from_name_servers(vec![server]),
+                    TokioRuntimeProvider::default(),
                 )
             }
             None => TokioResolver::builder_tokio()
@@ -70,7 +78,9 @@ impl Lookup {
         opts.positive_max_ttl = Some(Duration::ZERO);
         opts.negative_max_ttl = Some(Duration::ZERO);
         opts.ndots = 0;
-        Ok(builder.build())
+        builder
+            .build()
+            .map_err(|e| format!("configure the resolver: {e}"))
     }
 
     /// The TXT values at the owner name (each record's strings joined).
@@ -88,13 +98,17 @@ impl Lookup {
         .await
         .map_err(|_| format!("no answer within {}", humantime::format_duration(self.timeout)))?;
         match lookup {
-            Ok(txt) => Ok(txt
+            Ok(found) => Ok(found
+                .answers()
                 .iter()
-                .map(|r| {
-                    r.txt_data()
-                        .iter()
-                        .map(|part| String::from_utf8_lossy(part).into_owned())
-                        .collect::<String>()
+                .filter_map(|r| match &r.data {
+                    RData::TXT(txt) => Some(
+                        txt.txt_data
+                            .iter()
+                            .map(|part| String::from_utf8_lossy(part).into_owned())
+                            .collect::<String>(),
+                    ),
+                    _ => None,
                 })
                 .collect()),
             Err(e) if e.is_no_records_found() => Ok(Vec::new()),

@@ -106,27 +106,23 @@ impl DnsServer {
 }
 
 fn answer(query: &Message, table: &HashMap<String, Answer>) -> Option<Vec<u8>> {
-    let q = query.queries().first()?.clone();
-    let mut reply = Message::new();
-    reply
-        .set_id(query.id())
-        .set_message_type(MessageType::Response)
-        .set_op_code(query.op_code())
-        .set_recursion_desired(query.recursion_desired())
-        .set_recursion_available(true)
-        .set_authoritative(true)
-        .add_query(q.clone());
-    match table.get(&key(&q.name().to_ascii())) {
+    let q = query.queries.first()?.clone();
+    let mut reply = Message::new(query.metadata.id, MessageType::Response, query.metadata.op_code);
+    reply.metadata.recursion_desired = query.metadata.recursion_desired;
+    reply.metadata.recursion_available = true;
+    reply.metadata.authoritative = true;
+    reply.add_query(q.clone());
+    match table.get(&key(&q.name.to_ascii())) {
         None => {
-            reply.set_response_code(ResponseCode::NXDomain);
+            reply.metadata.response_code = ResponseCode::NXDomain;
         }
         Some(Answer::Silence) => return None,
         Some(Answer::ServFail) => {
-            reply.set_response_code(ResponseCode::ServFail);
+            reply.metadata.response_code = ResponseCode::ServFail;
         }
         Some(Answer::Txt(values)) => {
-            if q.query_type() == RecordType::TXT {
-                let name = Name::from_str(&q.name().to_ascii()).ok()?;
+            if q.query_type == RecordType::TXT {
+                let name = Name::from_str(&q.name.to_ascii()).ok()?;
                 for v in values {
                     reply.add_answer(Record::from_rdata(
                         name.clone(),
