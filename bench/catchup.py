@@ -55,13 +55,23 @@ def s3_env():
                 AWS_ENDPOINT_URL=f"http://{IP}:{S3_PORT}", AWS_ALLOW_HTTP="true", AWS_EC2_METADATA_DISABLED="true")
 
 
+def sign_key(tmp):
+    """An Ed25519 key made by openssl: a catch-up writes in place only a signed store's deltas."""
+    key = os.path.join(tmp, "sign.pem")
+    if not os.path.exists(key):
+        subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", key], check=True)
+    return key
+
+
 def warden(a, store, etcd_flags, log):
     if not port_free():
         raise SystemExit(f"something already listens on {IP}:2379")
     env = dict(os.environ, RUST_LOG="info", **(s3_env() if store.startswith("s3://") else {}))
+    # Beside the data dir, in the run's own temporary dir.
+    key = sign_key(os.path.dirname(etcd_flags[etcd_flags.index("--data-dir") + 1]))
     return subprocess.Popen([a.warden, "run", "--listen", f"{IP}:2378", "--store", store,
                              "--delta-snapshot-period", "2s", "--restore-bump-revision", "0",
-                             "--", a.etcd, *etcd_flags],
+                             "--sign-key", key, "--", a.etcd, *etcd_flags],
                             stdout=log, stderr=subprocess.STDOUT, env=env)
 
 

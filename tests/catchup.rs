@@ -24,6 +24,8 @@ struct Member {
     ctl: PathBuf,
     prod: Prod,
     dir: tempfile::TempDir,
+    /// The store's sign key: a catch-up writes in place only deltas that authenticate.
+    sign: String,
 }
 
 impl Member {
@@ -33,11 +35,13 @@ impl Member {
 
     fn of(etcd: PathBuf) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let (sign, _) = common::objects::ed25519(dir.path(), "sign");
         Self {
             ctl: etcdctl_for(&etcd),
             etcd,
             prod: Prod::new(&unique_ip(), dir.path()),
             dir,
+            sign,
         }
     }
 
@@ -62,6 +66,8 @@ impl Member {
             store.into(),
             "--delta-snapshot-period".into(),
             "200ms".into(),
+            "--sign-key".into(),
+            self.sign.clone(),
         ];
         opts.extend(self.prod.warden_opts());
         let opts: Vec<&str> = opts.iter().map(String::as_str).collect();

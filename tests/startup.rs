@@ -35,6 +35,8 @@ struct Setup {
     store: String,
     /// The store's environment (credentials, endpoint).
     envs: Vec<(&'static str, String)>,
+    /// More options for every warden (`--sign-key`).
+    opts: Vec<String>,
 }
 
 impl Setup {
@@ -48,7 +50,16 @@ impl Setup {
             dir,
             store,
             envs: Vec::new(),
+            opts: Vec::new(),
         }
+    }
+
+    /// The same with a store the wardens sign (`--sign-key`).
+    fn signed(etcd: std::path::PathBuf) -> Self {
+        let mut s = Self::new(etcd);
+        let (key, _) = common::objects::ed25519(s.dir.path(), "sign");
+        s.opts = vec!["--sign-key".into(), key];
+        s
     }
     fn data(&self) -> std::path::PathBuf {
         self.dir.path().join("data")
@@ -56,13 +67,9 @@ impl Setup {
     fn warden(&self) -> Warden {
         let mut argv = vec![self.etcd.display().to_string()];
         argv.extend(etcd_args(&self.ip, &self.data()));
-        Warden::builder(
-            &self.ip,
-            &["--store", &self.store, "--delta-snapshot-period", "200ms"],
-            &argv,
-        )
-        .envs(&self.envs)
-        .spawn()
+        let mut opts = vec!["--store", &self.store, "--delta-snapshot-period", "200ms"];
+        opts.extend(self.opts.iter().map(String::as_str));
+        Warden::builder(&self.ip, &opts, &argv).envs(&self.envs).spawn()
     }
     /// Runs a warden, writes `n` keys with `prefix`, waits until they are in the store, stops it.
     fn write_and_back_up(&self, prefix: &str, n: usize) -> (i64, String) {
@@ -132,11 +139,11 @@ fn garbage_db_is_moved_aside_and_restored() {
     w.wait_exit(START);
 }
 
-/// An older copy of the data dir put back: caught up in place from the store's deltas
-/// (tests/catchup.rs has the cases that are not).
+/// An older copy of the data dir put back, with a signed store: caught up in place from the
+/// store's deltas (tests/catchup.rs has the cases that are not).
 #[test]
 fn data_dir_behind_the_store_is_caught_up_from_the_deltas() {
-    let s = Setup::new(default_etcd());
+    let s = Setup::signed(default_etcd());
     s.write_and_back_up("old", 5);
     let copy = s.dir.path().join("old-copy");
     copy_dir(&s.data(), &copy);
@@ -157,6 +164,46 @@ fn data_dir_behind_the_store_is_caught_up_from_the_deltas() {
         w.log_text()
     );
     assert!(s.siblings(".behind-").is_empty(), "moved aside");
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(START);
+}
+
+/// The same with the default, unsigned store, whose deltas anyone who can write to the bucket can
+/// frame: nothing is written into the old data in place; it is kept aside whole, and the newest
+/// backup restored beside it.
+#[test]
+fn data_dir_behind_an_unsigned_store_is_kept_aside_not_written_in_place() {
+    let s = Setup::new(default_etcd());
+    s.write_and_back_up("old", 5);
+    let copy = s.dir.path().join("old-copy");
+    copy_dir(&s.data(), &copy);
+    let revision_of = |dir: &std::path::Path| {
+        etcd_warden::format::mvcc::MvccFile::open(&dir.join("member/snap/db"))
+            .unwrap()
+            .revision()
+    };
+    let old = revision_of(&copy);
+    let newest = s.write_and_back_up("new", 8);
+    std::fs::remove_dir_all(s.data()).unwrap();
+    std::fs::rename(&copy, s.data()).unwrap();
+    let mut w = s.warden();
+    w.wait_ready(START);
+    assert_eq!(
+        dump(&s.ctl, &s.ip),
+        bumped(newest),
+        "not brought to the newest backup"
+    );
+    let log = w.log_text();
+    assert!(log.contains("the store is not signed"), "{log}");
+    assert!(
+        !log.contains("data dir caught up from the store's deltas"),
+        "{log}"
+    );
+    let behind = s.siblings(".behind-");
+    assert_eq!(behind.len(), 1, "the old data dir was not kept aside: {log}");
+    // Not compared byte for byte: the validating private etcd opened it and wrote its own
+    // bookkeeping. No revision of the store's was written into it.
+    assert_eq!(revision_of(&behind[0]), old, "the old data was written to");
     w.signal(Signal::SIGTERM);
     w.wait_exit(START);
 }
@@ -185,9 +232,11 @@ fn newer_local_data_is_kept() {
     w.wait_exit(START);
 }
 
-/// Cuts every delta in the store that holds a revision after `revision` (its name says
-/// `delta-<first>-<last>-…`) to half its length: a data dir at `revision` cannot be caught up from
-/// them. (A small delta's middle byte can lie in its header, which no digest covers unsigned.)
+/// Flips the last payload byte of every delta in the store that holds a revision after `revision`
+/// (its name says `delta-<first>-<last>-…`): a data dir at `revision` cannot be caught up from them.
+/// Their framing, header and footer stay whole, so each passes the gate and fails only when read:
+/// the case a restore meets only once it has moved the data dir aside. (A small delta's middle
+/// byte can lie in its header; a cut one the gate refuses from its framing.)
 fn damage_deltas_after(s: &Setup, revision: i64) {
     let mut damaged = 0;
     for chain in std::fs::read_dir(s.dir.path().join("store/v1/delta"))
@@ -198,8 +247,11 @@ fn damage_deltas_after(s: &Setup, revision: i64) {
             let name = d.file_name().to_string_lossy().into_owned();
             let last: i64 = name.split('-').nth(2).and_then(|l| l.parse().ok()).unwrap();
             if last > revision {
-                let bytes = std::fs::read(d.path()).unwrap();
-                std::fs::write(d.path(), &bytes[..bytes.len() / 2]).unwrap();
+                let mut bytes = std::fs::read(d.path()).unwrap();
+                let trailer = bytes.len() - 52;
+                let footer = u32::from_le_bytes(bytes[trailer..trailer + 4].try_into().unwrap()) as usize;
+                bytes[trailer - footer - 1] ^= 0xff;
+                std::fs::write(d.path(), &bytes).unwrap();
                 damaged += 1;
             }
         }

@@ -64,6 +64,15 @@ pub struct CaughtUp {
 
 /// Catches the data dir up to `opts.newest`, or says why it cannot (nothing changed then).
 pub async fn catch_up(store: &Store, opts: &CatchUpOptions) -> Result<CaughtUp, String> {
+    // In place, nothing of the data before is kept: only deltas whose writer is proven may be
+    // written so. Without signatures anyone who can write to the bucket can frame a delta, and
+    // the full restore keeps the data dir aside instead.
+    if !store.keys.signing.verifies() {
+        return Err(
+            "the store is not signed (--sign-key or --verify-key): its deltas are written in place only when they authenticate"
+                .into(),
+        );
+    }
     let started = Instant::now();
     let db = opts.data_dir.join("member").join("snap").join("db");
     let from = MvccFile::open(&db)

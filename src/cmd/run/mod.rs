@@ -166,6 +166,7 @@ pub async fn run(
     let (leave_refused_tx, leave_refused_rx) = watch::channel(None);
     let (standby_tx, standby_rx) = watch::channel(None);
     let (promote_tx, promote_rx) = mpsc::channel(8);
+    warn_if_unsigned(&config.member.backup);
     let (etcd_version, upgrade) = match check_release(&config, &reaper).await {
         Ok(found) => found,
         Err(status) => return status,
@@ -583,4 +584,16 @@ async fn forced_plan(config: &RunConfig) -> Option<String> {
     .await
     .ok()??;
     plan.force.then_some(plan.id)
+}
+
+/// Says once, at start, that a remote store's objects prove no writer: whoever can write to its
+/// bucket can frame a backup (docs/security.md, "A hostile store").
+fn warn_if_unsigned(backup: &crate::backup::BackupConfig) {
+    let remote = !matches!(backup.store, crate::store::StoreUrl::File { .. });
+    if remote && !backup.keys.signing.verifies() {
+        tracing::warn!(
+            store = %backup.store,
+            "the store is not signed: anyone who can write to it can frame a backup, which a restore would use (a data dir it replaces is kept aside); give --sign-key (docs/security.md, \"A hostile store\")"
+        );
+    }
 }
