@@ -318,3 +318,70 @@ fn keys_that_are_no_path_end_no_s3_listing() {
         .unwrap();
     assert!(list.status.success(), "{}", String::from_utf8_lossy(&list.stderr));
 }
+
+/// Retention decides from fulls that pass the gate: with `--retention last:1`, names planted as
+/// newer fulls neither push the genuine newest full out (on main, retention kept the planted name
+/// as "the newest" and deleted every genuine full and delta) nor get deleted themselves. Judged by
+/// the store's files and by a restore of the store, read back with a plain etcd.
+#[test]
+fn planted_names_make_retention_delete_nothing_genuine() {
+    let ip = unique_ip();
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = default_etcd();
+    let opts = ["--retention", "last:1"];
+    let (store, rev) = backed_up(&etcd, &ip, dir.path(), &opts);
+    let fulls = dir.path().join("store/v1/full");
+    let planted = [full_name(rev + 1000, 1), full_name(rev + 2000, 2)];
+    for name in &planted {
+        std::fs::write(fulls.join(name), b"garbage").unwrap();
+    }
+
+    let w = restart(&etcd, &ip, dir.path(), &store, &opts);
+    let ctl = etcdctl_for(&etcd);
+    etcdctl(&ctl, &ip, &["put", "after", "v"]).unwrap();
+    let fulls_before = w.status()["backup"]["fulls_total"].as_u64().unwrap_or(0);
+    w.signal(Signal::SIGUSR1);
+    wait_for("a full snapshot after the write", UP, || {
+        (w.status()["backup"]["fulls_total"].as_u64() > Some(fulls_before)).then_some(())
+    });
+    let now = etcd_revision(&ctl, &ip);
+    wait_for(&format!("revision {now} in the store"), UP, || {
+        (w.status()["backup"]["backed_up_revision"].as_i64() >= Some(now)).then_some(())
+    });
+    // Retention has run after that full: the older genuine full went, as last:1 says.
+    let genuine = |dir: &Path| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !planted.contains(n))
+            .collect()
+    };
+    wait_for("retention to leave one genuine full", UP, || {
+        (genuine(&fulls).len() == 1).then_some(())
+    });
+    for name in &planted {
+        assert!(fulls.join(name).exists(), "retention deleted the planted {name}");
+    }
+    kill_node(w, UP);
+
+    let restored = dir.path().join("restored");
+    let out = restore_command(&store, &restored, &etcd, &ip, &[])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let plain = PlainEtcd::start(&etcd, &ip, &restored, "m1");
+    assert_eq!(
+        etcdctl(&ctl, &ip, &["get", "after", "--print-value-only"])
+            .unwrap()
+            .trim(),
+        "v"
+    );
+    assert_eq!(etcd_revision(&ctl, &ip), now);
+    plain.stop();
+}

@@ -192,7 +192,7 @@ pub async fn apply(
     rollback_keep: Option<Duration>,
     pinned: &[ChainId],
 ) -> Result<Applied, super::StoreError> {
-    let (fulls, chains) = store.own_catalog().await?;
+    let (fulls, chains) = screened(store, store.own_catalog().await?).await?;
     let now_ms = super::layout::now_ms();
     let mut doomed = plan(&fulls, &chains, now_ms, policy, pinned);
     // Rollback points go once `--rollback-retention` has passed since each was taken.
@@ -227,6 +227,44 @@ pub async fn apply(
         );
     }
     Ok(applied)
+}
+
+/// The listing as retention may decide from it: fulls that pass the gate (`gate::check`). A full
+/// that does not, and its chain, are left out: such an object neither counts as a newer full
+/// (planted names would push genuine fulls out of `last:N` or an hour's bucket) nor is deleted
+/// (what did not verify is not provably the warden's own).
+async fn screened(
+    store: &super::Store,
+    (fulls, mut chains): (Vec<SnapshotName>, super::Catalog),
+) -> Result<(Vec<SnapshotName>, super::Catalog), super::StoreError> {
+    let listed: Vec<_> = fulls.iter().map(|n| (*n, None)).collect();
+    let checked =
+        super::gate::check_all(store, &listed)
+            .await
+            .map_err(|reason| super::StoreError::Check {
+                url: store.url.to_string(),
+                reason,
+            })?;
+    let mut rejected = super::gate::Rejected::default();
+    let mut kept = Vec::with_capacity(fulls.len());
+    for (n, r) in fulls.into_iter().zip(checked) {
+        match r {
+            Ok(_) => kept.push(n),
+            Err(why) => {
+                if let Some(c) = n.chain() {
+                    chains.remove(&c);
+                }
+                rejected.add(n.key(), why);
+            }
+        }
+    }
+    if let Some(s) = rejected.summary() {
+        tracing::warn!(
+            skipped = rejected.count,
+            "retention: {s}; neither kept nor deleted"
+        );
+    }
+    Ok((kept, chains))
 }
 
 /// Objects retention would have deleted that an S3 Object Lock keeps (the last pass).
