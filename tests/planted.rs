@@ -385,3 +385,84 @@ fn planted_names_make_retention_delete_nothing_genuine() {
     assert_eq!(etcd_revision(&ctl, &ip), now);
     plain.stop();
 }
+
+/// Another cluster's forced restore plan copied into this prefix (its signature, with a key both
+/// clusters share, would verify): a member of this cluster, which has quorum, does not apply it,
+/// because the plan names the cluster it restores and this one is another. On main the member
+/// moved its data aside and restored the plan's point.
+#[test]
+fn another_clusters_forced_plan_moves_no_member_of_a_cluster_with_quorum() {
+    use common::cluster::{member_args_token, quiet_full_schedule, start_members, stop_all};
+    let etcd = default_etcd();
+    let dir = tempfile::tempdir().unwrap();
+    let ips: Vec<String> = (0..3).map(|_| unique_ip()).collect();
+    let store = format!("file://{}", dir.path().join("store").display());
+    let token = "planted-plan";
+    let mut wardens = start_members(&etcd, dir.path(), &store, &ips, "m", token);
+    let ctl = etcdctl_for(&etcd);
+    etcdctl(&ctl, &ips[0], &["put", "genuine", "v"]).unwrap();
+    let fulls = dir.path().join("store/v1/full");
+    let full = wait_for("a full snapshot in the store", UP, || {
+        std::fs::read_dir(&fulls)
+            .ok()?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|n| n.ends_with(".ews"))
+    });
+    let members: Vec<serde_json::Value> = ips
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| serde_json::json!({"name": format!("m{i}"), "peer_urls": [format!("https://{ip}:2380")]}))
+        .collect();
+    let plan = serde_json::json!({"format": 1, "id": "20991231T000000000Z", "created_ms": 1,
+        "full": format!("v1/full/{full}"), "target_revision": 1, "bump_revision": 0,
+        "token": "the-other-cluster", "members": members,
+        "previous_cluster_id": 0xdead_beef_u64, "force": true});
+    let plans = dir.path().join("store/v1/cluster-restore");
+    std::fs::create_dir_all(&plans).unwrap();
+    std::fs::write(plans.join("current.json"), plan.to_string()).unwrap();
+
+    // Member 2's warden starts again: its start-up meets the plan while the others hold quorum.
+    let mut w = wardens[2].take().unwrap();
+    w.signal(Signal::SIGTERM);
+    w.wait_exit(UP);
+    let data = dir.path().join("m2");
+    let argv = member_args_token(&etcd, &ips, 2, &data, token);
+    let schedule = quiet_full_schedule();
+    let opts = [
+        "--store",
+        store.as_str(),
+        "--delta-snapshot-period",
+        "200ms",
+        "--full-snapshot-schedule",
+        schedule.as_str(),
+    ];
+    let w = Warden::start(&ips[2], &opts, &argv);
+    w.wait_ready(UP);
+    let log = w.log_text();
+    assert!(log.contains("restores another cluster"), "{log}");
+    assert_eq!(
+        aside(&data),
+        Vec::<String>::new(),
+        "member 2's data was moved: {log}"
+    );
+    let moved: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("before-cluster-restore"))
+        .collect();
+    assert!(moved.is_empty(), "moved aside by the plan: {moved:?}");
+    assert_eq!(
+        etcdctl(&ctl, &ips[2], &["get", "genuine", "--print-value-only"])
+            .unwrap()
+            .trim(),
+        "v"
+    );
+    assert!(
+        etcd_revision(&ctl, &ips[2]) < BUMP,
+        "member 2 was restored with a bump: {log}"
+    );
+    wardens[2] = Some(w);
+    stop_all(&mut wardens);
+}

@@ -111,6 +111,8 @@ pub struct Survey {
     /// The authoritative member list, from a voter of a cluster with a leader, and that voter's
     /// client URL. `None`: no member answered with a leader (no quorum, or none up).
     pub quorum: Option<(Vec<Member>, String)>,
+    /// The cluster ID that voter's answers carried (with `quorum`; 0 when it said none).
+    pub quorum_cluster: u64,
     /// The member lists the peers' `/members` answered with (no quorum needed).
     pub peer_lists: Vec<(String, Vec<Member>)>,
     /// Why each peer or endpoint that failed did, for the log.
@@ -164,8 +166,9 @@ pub async fn survey(
     candidates.retain(|c| !ours.iter().any(|o| same_url(o, c)));
     for endpoint in candidates {
         match voter_view(client, &endpoint).await {
-            Ok(Some(list)) => {
+            Ok(Some((list, cluster))) => {
                 s.quorum = Some((list, endpoint));
+                s.quorum_cluster = cluster;
                 break;
             }
             Ok(None) => s.failures.push(format!("{endpoint}: no leader")),
@@ -189,7 +192,7 @@ pub async fn connect(client: &ClientConfig, endpoint: &str) -> Result<etcd_clien
 /// The member list through `endpoint`, if that member sees a leader and is a voter. Every call
 /// has its own deadline: a member that accepts connections but is not serving yet (etcd without
 /// quorum at boot) holds a request open with no end, and the client's own timeout did not cut it.
-async fn voter_view(client: &ClientConfig, endpoint: &str) -> Result<Option<Vec<Member>>, String> {
+async fn voter_view(client: &ClientConfig, endpoint: &str) -> Result<Option<(Vec<Member>, u64)>, String> {
     let within = |what: &str| format!("{what}: no answer within {ASK:?}");
     let mut c = connect(client, endpoint).await?;
     let status = tokio::time::timeout(ASK, c.status())
@@ -209,7 +212,8 @@ async fn voter_view(client: &ClientConfig, endpoint: &str) -> Result<Option<Vec<
         .await
         .map_err(|_| within("member list"))?
         .map_err(|e| e.to_string())?;
-    Ok(Some(list.members().iter().map(Member::from).collect()))
+    let cluster = status.header().map_or(0, |h| h.cluster_id());
+    Ok(Some((list.members().iter().map(Member::from).collect(), cluster)))
 }
 
 /// Why a membership change failed, as far as the repair cares.

@@ -35,14 +35,20 @@ pub async fn pending_plan(store: &Store, name: &str, data: &Path) -> Result<Opti
     Ok(Some(plan))
 }
 
-/// Whether this member applies `plan` now (a pure rule, the driver asks the store and the peers):
-/// - its cluster has no quorum (what the plan is for), or the plan says `--force`;
+/// Whether this member applies `plan` now (a pure rule, the driver asks the store and the peers).
+/// `quorum`: the cluster ID of the quorum this member sees (0 when its answers named none), `None`
+/// without one.
+/// - its cluster has no quorum (what the plan is for);
+/// - or the plan says `--force` and names this very cluster (the cluster the store recorded when
+///   it was written): a forced plan another cluster wrote, copied into this prefix, never makes a
+///   cluster that has quorum restore someone else's data;
 /// - or the quorum it sees is the plan's own new cluster (another member restored by it already),
 ///   which this member must join the same way;
 /// - or its data came from the plan this one replaced (`--replace`): that cluster is abandoned.
-pub fn applies(plan: &Plan, quorum: bool, others_done: bool, marker: Option<&Marker>) -> bool {
-    !quorum
-        || plan.force
+pub fn applies(plan: &Plan, quorum: Option<u64>, others_done: bool, marker: Option<&Marker>) -> bool {
+    let Some(cluster) = quorum else { return true };
+    let ours = plan.previous_cluster_id == 0 || cluster == 0 || plan.previous_cluster_id == cluster;
+    (plan.force && ours)
         || others_done
         || plan
             .replaces
@@ -234,17 +240,28 @@ mod tests {
 
     #[test]
     fn who_applies_a_plan() {
+        const Q: Option<u64> = Some(7);
         // No quorum: what a plan is for.
-        assert!(applies(&plan(false, None), false, false, None));
+        assert!(applies(&plan(false, None), None, false, None));
         // A quorum of the old cluster: only when forced.
-        assert!(!applies(&plan(false, None), true, false, None));
-        assert!(applies(&plan(true, None), true, false, None));
+        assert!(!applies(&plan(false, None), Q, false, None));
+        assert!(applies(&plan(true, None), Q, false, None));
+        // Forced, for the cluster it names; another cluster's forced plan moves none of this one.
+        let of = |cluster| Plan {
+            previous_cluster_id: cluster,
+            ..plan(true, None)
+        };
+        assert!(applies(&of(7), Q, false, None));
+        assert!(!applies(&of(8), Q, false, None));
+        assert!(applies(&of(8), None, false, None));
+        assert!(applies(&of(8), Some(0), false, None));
         // The quorum is the plan's own new cluster (another member restored by it): join it.
-        assert!(applies(&plan(false, None), true, true, None));
+        assert!(applies(&plan(false, None), Q, true, None));
+        assert!(applies(&of(8), Q, true, None));
         // A replacement: the members restored by the replaced plan (whose cluster may well have
         // quorum) move on to it; a member restored by some other, older plan does not.
-        assert!(applies(&plan(false, Some("A")), true, false, Some(&marker("A"))));
-        assert!(!applies(&plan(false, Some("A")), true, false, Some(&marker("Z"))));
-        assert!(!applies(&plan(false, Some("A")), true, false, None));
+        assert!(applies(&plan(false, Some("A")), Q, false, Some(&marker("A"))));
+        assert!(!applies(&plan(false, Some("A")), Q, false, Some(&marker("Z"))));
+        assert!(!applies(&plan(false, Some("A")), Q, false, None));
     }
 }

@@ -238,7 +238,7 @@ async fn plan_facts(
     store: Option<&crate::store::Store>,
     name: &str,
     data: &std::path::Path,
-    quorum: bool,
+    quorum: Option<u64>,
 ) -> (
     Result<Option<crate::store::plan::Plan>, String>,
     Option<Result<Option<bool>, String>>,
@@ -250,18 +250,25 @@ async fn plan_facts(
     let fact = match &plan {
         Ok(Some(p)) => {
             let others_done = match store {
-                Some(store) if quorum && !p.force => {
+                Some(store) if quorum.is_some() && !p.force => {
                     crate::cluster::restore::others_done(store, p, name).await
                 }
                 _ => false,
             };
             let marker = crate::restore::marker::plan_applied(data);
-            Some(Ok(Some(crate::cluster::restore::applies(
-                p,
-                quorum,
-                others_done,
-                marker.as_ref(),
-            ))))
+            let applies = crate::cluster::restore::applies(p, quorum, others_done, marker.as_ref());
+            if p.force
+                && !applies
+                && let Some(cluster) = quorum
+            {
+                tracing::warn!(
+                    plan = p.id,
+                    plan_cluster = format!("{:x}", p.previous_cluster_id),
+                    this_cluster = format!("{cluster:x}"),
+                    "a forced cluster restore plan in the store restores another cluster: not applied (this cluster has quorum)"
+                );
+            }
+            Some(Ok(Some(applies)))
         }
         Ok(None) => Some(Ok(None)),
         Err(e) => Some(Err(e.clone())),
@@ -314,7 +321,8 @@ async fn cluster_round(
         crate::cluster::peers::survey(&cfg.client, &me.others, &cfg.cluster_endpoints, &me.client_urls).await;
     tracing::debug!(quorum = survey.quorum.is_some(), failures = ?survey.failures, "the other members asked");
     let store = cfg.backup.open_store().ok();
-    let (plan, plan_fact) = plan_facts(store.as_ref(), &me.name, data, survey.quorum.is_some()).await;
+    let quorum = survey.quorum.as_ref().map(|_| survey.quorum_cluster);
+    let (plan, plan_fact) = plan_facts(store.as_ref(), &me.name, data, quorum).await;
     let round = cs::Round {
         cfg,
         me: &me,
