@@ -311,12 +311,30 @@ fn keys_that_are_no_path_end_no_s3_listing() {
     );
     assert_eq!(etcd_revision(&ctl, &ip), rev);
     plain.stop();
-    let list = std::process::Command::new(WARDEN)
-        .args(["backups", "list", "--json", "--store", "s3://odd/etcd"])
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .unwrap();
-    assert!(list.status.success(), "{}", String::from_utf8_lossy(&list.stderr));
+    // Every command that lists goes on past them: the listing, verify, a copy elsewhere.
+    let copy = format!("file://{}", dir.path().join("copy").display());
+    for args in [
+        &["backups", "list", "--json", "--store", "s3://odd/etcd"][..],
+        &["backups", "verify", "--store", "s3://odd/etcd"],
+        &["backups", "copy", "--from", "s3://odd/etcd", "--to", &copy],
+    ] {
+        let out = std::process::Command::new(WARDEN)
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let copied: Vec<_> = std::fs::read_dir(dir.path().join("copy/v1/full"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(copied.len(), 1, "the copy holds the genuine full: {copied:?}");
 }
 
 /// Retention decides from fulls that pass the gate: with `--retention last:1`, names planted as

@@ -34,16 +34,34 @@ pub struct CopyReport {
     pub present: usize,
 }
 
-/// Every backup object of `store`, with its size.
+/// Every backup object of `store`, with its size: the directories backups live in, each listed
+/// totally (`listing`: a key that is no path is skipped, not the end of the copy).
 async fn backup_objects(store: &Store) -> Result<HashMap<String, u64>, String> {
+    use super::listing::{Dir, list_dir};
+    let fail = |e: super::StoreError| crate::telemetry::error_chain(&e);
     let mut out = HashMap::new();
-    let mut list = store.inner.list(None);
-    while let Some(meta) = list.next().await {
-        let meta = meta.map_err(|e| format!("list {}: {e}", store.url))?;
-        let key = meta.location.to_string();
-        if is_backup_object(&key) {
-            out.insert(key, meta.size);
+    let mut add = |dir: Dir| {
+        for m in dir.objects {
+            let key = m.location.to_string();
+            if is_backup_object(&key) {
+                out.insert(key, m.size);
+            }
         }
+    };
+    let mut dirs: Vec<String> = vec!["v2".into()];
+    for d in list_dir(store, "v1").await.map_err(fail)?.dirs {
+        match d.as_str() {
+            "full" | "rollback" => dirs.push(format!("v1/{d}")),
+            "delta" => {
+                let chains = list_dir(store, "v1/delta").await.map_err(fail)?;
+                dirs.extend(chains.dirs.iter().map(|c| format!("v1/delta/{c}")));
+            }
+            d if d.starts_with("Backup-") => dirs.push(format!("v1/{d}")),
+            _ => {}
+        }
+    }
+    for d in dirs {
+        add(list_dir(store, &d).await.map_err(fail)?);
     }
     Ok(out)
 }

@@ -367,9 +367,9 @@ impl Store {
         Ok(v)
     }
 
-    /// The newest chain through the gate: the newest full of the warden's own that passes
-    /// and the deltas of its chain that pass (`gate::check_all`), by first revision. What the writer
-    /// resumes and the tail continues: a planted name neither ends the chain nor starts another.
+    /// The newest chain through the gate: the newest full of the warden's own that passes, and its
+    /// chain's deltas up to the newest one that passes, by first revision. What the writer resumes
+    /// and the tail continues: a planted name neither ends the chain nor starts another.
     pub async fn newest_checked_chain(
         &self,
     ) -> Result<Option<(SnapshotName, Vec<SnapshotName>)>, StoreError> {
@@ -404,17 +404,28 @@ impl Store {
         };
         let names: Vec<SnapshotName> = fulls.iter().map(|(n, _)| *n).collect();
         let chain = self.list_chain(&newest, &names).await?;
-        let listed: Vec<_> = chain.iter().map(|(n, m)| (*n, Some(m.size))).collect();
-        let mut kept = Vec::with_capacity(listed.len());
-        for ((n, _), r) in listed
-            .iter()
-            .zip(gate::check_all(self, &listed).await.map_err(unanswered)?)
-        {
-            match r {
-                Ok(_) => kept.push(*n),
-                Err(why) => rejected.add(n.key(), why),
+        // From the newest delta down to the first that passes: where the chain continues is what
+        // the writer and the tail read of it, and a resumed writer must not read its whole chain
+        // back (it resumes after every watch restart). The deltas below are kept unchecked; a
+        // restore reads each whole.
+        let mut by_last: Vec<&(SnapshotName, ObjectMeta)> = chain.iter().collect();
+        by_last.sort_by_key(|(n, _)| std::cmp::Reverse((n.last_revision(), n.created_ms)));
+        let mut top = None;
+        for (n, m) in by_last {
+            match gate::check(self, n, Some(m.size)).await {
+                Ok(_) => {
+                    top = Some((n.last_revision(), n.created_ms));
+                    break;
+                }
+                Err(gate::Refused::Bad(why)) => rejected.add(n.key(), why),
+                Err(gate::Refused::Unknown(why)) => return Err(unanswered(why)),
             }
         }
+        let kept: Vec<SnapshotName> = chain
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| top.is_some_and(|t| (n.last_revision(), n.created_ms) <= t))
+            .collect();
         if let Some(s) = rejected.summary() {
             tracing::warn!(skipped = rejected.count, "{s}");
         }

@@ -20,14 +20,10 @@ pub fn parse(key: &str) -> Option<SnapshotName> {
 
 /// The rollback points in the store, oldest first, with each one's header and size.
 pub async fn list(store: &Store) -> Result<Vec<(SnapshotName, Header, u64)>, String> {
-    use futures_util::TryStreamExt;
-    let prefix = object_store::path::Path::from(DIR);
-    let metas: Vec<object_store::ObjectMeta> = store
-        .inner
-        .list(Some(&prefix))
-        .try_collect()
+    let metas = crate::store::listing::list_dir(store, DIR)
         .await
-        .map_err(|e| format!("list {DIR} in {}: {e}", store.url))?;
+        .map_err(|e| crate::telemetry::error_chain(&e))?
+        .objects;
     with_headers(store, metas).await
 }
 
@@ -40,23 +36,19 @@ async fn with_headers(
     let mut out = Vec::new();
     for m in metas {
         let key = m.location.to_string();
-        if let Some(name) = parse(&key) {
-            let header = match crate::store::format::read_header(
-                store.inner.as_ref(),
-                &key,
-                &store.keys.signing,
-            )
-            .await
-            {
-                Ok(header) => header,
-                // Expired by retention (this or another warden) between the listing and the read.
-                Err(crate::store::format::FormatError::Read {
-                    source: object_store::Error::NotFound { .. },
-                    ..
-                }) => continue,
-                Err(e) => return Err(format!("read {key}: {}", crate::telemetry::error_chain(&e))),
-            };
-            out.push((name, header, m.size));
+        let Some(name) = parse(&key) else { continue };
+        match crate::store::gate::check(store, &name, Some(m.size)).await {
+            Ok(checked) => {
+                if let Some(header) = checked.header() {
+                    out.push((name, header.clone(), m.size));
+                }
+            }
+            // A bad object (or one retention expired since the listing): no rollback point; it
+            // neither counts nor expires.
+            Err(crate::store::gate::Refused::Bad(why)) => {
+                tracing::warn!(key, reason = %why, "a rollback point does not verify: skipped");
+            }
+            Err(crate::store::gate::Refused::Unknown(why)) => return Err(why),
         }
     }
     out.sort_by_key(|(n, _, _)| (n.last_revision(), n.created_ms));
