@@ -184,19 +184,30 @@ pub async fn check(store: &Store, name: &SnapshotName, listed: Option<u64>) -> R
 /// The framing seen from both ends: the header's and the footer's lengths, the payload's length
 /// and digest; they must add up to the object's size exactly.
 fn frame(front: &[u8], back: &[u8], size: u64) -> Result<(u64, u64, u64, [u8; 32]), String> {
-    if front.len() < 12 || back.len() < TRAILER_LEN || &front[0..8] != MAGIC {
+    // Every field read with `get`: a short or hostile window is an error, never a panic.
+    let trailer = back
+        .len()
+        .checked_sub(TRAILER_LEN)
+        .and_then(|at| back.get(at..))
+        .ok_or("no end marker (incomplete object)")?;
+    if front.get(0..8) != Some(&MAGIC[..]) {
         return Err("no magic (not an etcd-warden object)".into());
     }
-    let trailer = &back[back.len() - TRAILER_LEN..];
-    if &trailer[44..52] != END_MAGIC {
+    if trailer.get(44..52) != Some(&END_MAGIC[..]) {
         return Err("no end marker (incomplete object)".into());
     }
-    let word = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap_or_default()) as u64;
-    let header = word(&front[8..12]);
-    let footer = word(&trailer[0..4]);
-    let payload = u64::from_le_bytes(trailer[4..12].try_into().unwrap_or_default());
+    let word = |b: Option<&[u8]>| b.and_then(|b| b.try_into().ok()).map(u32::from_le_bytes);
+    let (Some(header), Some(footer)) = (word(front.get(8..12)), word(trailer.get(0..4))) else {
+        return Err("no magic (not an etcd-warden object)".into());
+    };
+    let (header, footer) = (u64::from(header), u64::from(footer));
+    let payload = trailer
+        .get(4..12)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+        .ok_or("no end marker (incomplete object)")?;
     let mut digest = [0u8; 32];
-    digest.copy_from_slice(&trailer[12..44]);
+    digest.copy_from_slice(trailer.get(12..44).ok_or("no end marker (incomplete object)")?);
     if header > MAX_META || footer > MAX_META {
         return Err(format!(
             "it claims a header of {header} and a footer of {footer} bytes (at most {MAX_META} each)"
